@@ -1,4 +1,58 @@
-"""pydantic v2 models of the whole DeepSpeed JSON config; batch-size derivation and validation."""
+"""pydantic v2 models of the whole DeepSpeed JSON config; batch-size derivation and validation.
+
+Load a config with :func:`load_config` (a dict, a JSON file path, or a base64 JSON string); every
+problem comes back at once in one :class:`ConfigError`. Sections are plain pydantic models whose
+field names are the JSON keys, e.g. ``cfg.zero_optimization.stage`` or ``cfg.fp16.loss_scale``.
+"""
+
+from ._errors import ConfigError, ConfigProblem, ConfigWarning
+from ._models import (
+    NATIVE_OPTIMIZERS,
+    NATIVE_SCHEDULERS,
+    SPARSE_ATTENTION_MODES,
+    ActivationCheckpointingConfig,
+    AmpConfig,
+    BF16Config,
+    BigBirdSparseAttentionConfig,
+    BSLongformerSparseAttentionConfig,
+    CheckpointConfig,
+    DenseSparseAttentionConfig,
+    DSConfig,
+    FixedSparseAttentionConfig,
+    FP16Config,
+    OffloadOptimizerConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    SparseAttentionConfig,
+    SparseAttentionModeConfig,
+    VariableSparseAttentionConfig,
+    ZeroConfig,
+)
 
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = [
+    "NATIVE_OPTIMIZERS",
+    "NATIVE_SCHEDULERS",
+    "SPARSE_ATTENTION_MODES",
+    "ActivationCheckpointingConfig",
+    "AmpConfig",
+    "BF16Config",
+    "BSLongformerSparseAttentionConfig",
+    "BigBirdSparseAttentionConfig",
+    "CheckpointConfig",
+    "ConfigError",
+    "ConfigProblem",
+    "ConfigWarning",
+    "DSConfig",
+    "DenseSparseAttentionConfig",
+    "FP16Config",
+    "FixedSparseAttentionConfig",
+    "OffloadOptimizerConfig",
+    "OptimizerConfig",
+    "SchedulerConfig",
+    "SparseAttentionConfig",
+    "SparseAttentionModeConfig",
+    "VariableSparseAttentionConfig",
+    "ZeroConfig",
+    "__version__",
+]

@@ -1,0 +1,597 @@
+"""pydantic v2 models of the whole DeepSpeed JSON config. Field names are the JSON keys.
+
+The descriptions are the documentation: docs/reference/config.md is generated from them.
+Cross-key rules live in ``_rules.py`` and run in :func:`ds_config.load_config`; the models
+themselves check types and bounds only (plus the two deprecated spellings they normalise).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+
+from ._errors import ConfigWarning
+from ._types import JsonBool, JsonFloat, JsonInt
+
+__all__ = [
+    "ActivationCheckpointingConfig",
+    "AmpConfig",
+    "BF16Config",
+    "BigBirdSparseAttentionConfig",
+    "BSLongformerSparseAttentionConfig",
+    "CheckpointConfig",
+    "DSConfig",
+    "DenseSparseAttentionConfig",
+    "FP16Config",
+    "FixedSparseAttentionConfig",
+    "OffloadOptimizerConfig",
+    "OptimizerConfig",
+    "SchedulerConfig",
+    "SparseAttentionConfig",
+    "SparseAttentionModeConfig",
+    "VariableSparseAttentionConfig",
+    "ZeroConfig",
+    "NATIVE_OPTIMIZERS",
+    "NATIVE_SCHEDULERS",
+    "SPARSE_ATTENTION_MODES",
+]
+
+# DeepSpeed lower-cases an optimizer type iff its lower-case form is one of its own (spec section 0).
+NATIVE_OPTIMIZERS: dict[str, str] = {
+    "adam": "Adam",
+    "adamw": "AdamW",
+    "lamb": "Lamb",
+    "onebitadam": "OneBitAdam",
+}
+NATIVE_SCHEDULERS: tuple[str, ...] = (
+    "WarmupLR",
+    "WarmupDecayLR",
+    "WarmupCosineLR",
+    "OneCycle",
+    "LRRangeTest",
+)
+SPARSE_ATTENTION_MODES: tuple[str, ...] = ("dense", "fixed", "variable", "bigbird", "bslongformer")
+
+DEFAULT_BUCKET_SIZE_ELEMS = 500_000_000
+
+
+class _Section(BaseModel):
+    """Base of every section: unknown keys are rejected (load_config reports them with a did-you-mean)."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=False)
+
+
+# --------------------------------------------------------------------------------------------- precision
+class FP16Config(_Section):
+    """``fp16``: mixed precision with fp32 master weights and loss scaling (similar to apex amp O2)."""
+
+    enabled: JsonBool = Field(False, description="Enable fp16 mixed-precision training.")
+    loss_scale: JsonFloat = Field(
+        0.0,
+        ge=0,
+        description="0 selects dynamic loss scaling; a positive value is used as a fixed (static) loss scale.",
+    )
+    initial_scale_power: JsonInt = Field(
+        32,
+        ge=0,
+        le=64,
+        description="Dynamic loss scaling starts at 2**initial_scale_power (the reference's default, 32).",
+    )
+    loss_scale_window: JsonInt = Field(
+        1000,
+        ge=1,
+        description="Number of consecutive overflow-free steps after which the dynamic loss scale doubles.",
+    )
+    hysteresis: JsonInt = Field(
+        2,
+        ge=1,
+        description="Delayed shift: how many overflows are tolerated before the dynamic scale is halved.",
+    )
+    consecutive_hysteresis: JsonBool = Field(
+        False,
+        description="Refill the hysteresis budget after every overflow-free step, not only after a full window.",
+    )
+    min_loss_scale: JsonFloat = Field(
+        1.0,
+        gt=0,
+        description="Lower bound of the dynamic loss scale (DeepSpeed's code default 1, not the reference's 1000).",
+    )
+    max_overflows_at_min_scale: JsonInt = Field(
+        10,
+        ge=1,
+        description=(
+            "ds extension: after this many consecutive overflows with the scale already at min_loss_scale, "
+            "training stops with an error naming the overflowing parameters (each such step is skipped)."
+        ),
+    )
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """True when the loss scale is dynamic (``loss_scale == 0``)."""
+        return self.loss_scale == 0
+
+
+class BF16Config(_Section):
+    """``bf16``: bfloat16 training with fp32 master weights and no loss scaling."""
+
+    enabled: JsonBool = Field(False, description="Enable bfloat16 mixed-precision training.")
+    grad_accum_dtype: Literal["bf16", "fp32"] = Field(
+        "bf16",
+        description=(
+            "dtype in which gradients are accumulated across micro-steps; 'fp32' keeps an fp32 accumulation "
+            "buffer (the name follows DeepSpeed's data_types.grad_accum_dtype)."
+        ),
+    )
+
+
+# Keyword arguments of apex.amp.initialize that ds knows how to check; anything else is passed through.
+class AmpConfig(_Section):
+    """``amp``: automatic mixed precision (apex amp when importable, else torch autocast with the same levels).
+
+    Every key other than ``enabled`` is passed to ``apex.amp.initialize``; unknown keys pass through unchecked.
+    """
+
+    model_config = ConfigDict(extra="allow", validate_default=True)
+
+    enabled: JsonBool = Field(False, description="Enable automatic mixed precision (amp).")
+    opt_level: Literal["O0", "O1", "O2", "O3"] = Field(
+        "O1",
+        description="amp optimisation level: O0 fp32, O1 patched casts, O2 fp16 model with fp32 master, O3 pure fp16.",
+    )
+    cast_model_type: str | None = Field(
+        None, description="apex: dtype the model is cast to (overrides opt_level)."
+    )
+    patch_torch_functions: JsonBool | None = Field(
+        None, description="apex: patch torch functions to run in fp16 where safe (overrides opt_level)."
+    )
+    keep_batchnorm_fp32: JsonBool | None = Field(
+        None, description="apex: keep batch-norm weights in fp32 (overrides opt_level)."
+    )
+    master_weights: JsonBool | None = Field(
+        None, description="apex: keep fp32 master weights (overrides opt_level)."
+    )
+    loss_scale: JsonFloat | Literal["dynamic"] | None = Field(
+        None, description="apex: a positive fixed loss scale or 'dynamic' (overrides opt_level)."
+    )
+    cast_model_outputs: str | None = Field(None, description="apex: dtype the model outputs are cast to.")
+    num_losses: JsonInt = Field(1, ge=1, description="apex: number of losses scaled separately.")
+    verbosity: JsonInt = Field(1, ge=0, le=2, description="apex: 0 silences amp's messages.")
+    min_loss_scale: JsonFloat | None = Field(
+        None, gt=0, description="apex: lower bound of the dynamic loss scale."
+    )
+    max_loss_scale: JsonFloat = Field(
+        2.0**24, gt=0, description="apex: upper bound of the dynamic loss scale."
+    )
+
+    @field_validator("loss_scale")
+    @classmethod
+    def _positive_loss_scale(cls, value: float | str | None) -> float | str | None:
+        if isinstance(value, float) and value <= 0:
+            raise ValueError("expected a number > 0 or 'dynamic'")
+        return value
+
+    def initialize_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for ``apex.amp.initialize``: every key but ``enabled``, unset options left out."""
+        explicit = {k: v for k, v in self.model_dump(exclude={"enabled"}).items() if v is not None}
+        return explicit
+
+
+# --------------------------------------------------------------------------------------------- ZeRO
+class OffloadOptimizerConfig(_Section):
+    """``zero_optimization.offload_optimizer``: keep the optimizer state and its step on the CPU (ZeRO-Offload)."""
+
+    device: Literal["none", "cpu", "nvme"] = Field(
+        "none",
+        description="Where the optimizer state lives: 'none' (the accelerator) or 'cpu'; 'nvme' is rejected.",
+    )
+    nvme_path: str | None = Field(None, description="NVMe directory (ZeRO-Infinity; not supported by ds).")
+    buffer_count: JsonInt = Field(4, ge=1, description="NVMe swap buffers (ZeRO-Infinity; unused by ds).")
+    pin_memory: JsonBool = Field(False, description="Use page-locked CPU memory for the offloaded state.")
+    pipeline_read: JsonBool = Field(False, description="NVMe read pipelining (ZeRO-Infinity; unused by ds).")
+    pipeline_write: JsonBool = Field(
+        False, description="NVMe write pipelining (ZeRO-Infinity; unused by ds)."
+    )
+    fast_init: JsonBool = Field(False, description="NVMe fast initialisation (ZeRO-Infinity; unused by ds).")
+    ratio: JsonFloat = Field(
+        1.0, gt=0, le=1, description="Fraction of the state offloaded; below 1 needs ZeRO stage 3 (rejected)."
+    )
+
+
+class ZeroConfig(_Section):
+    """``zero_optimization``: ZeRO stage 1 (optimizer state) and stage 2 (+ gradient) partitioning."""
+
+    stage: JsonInt = Field(
+        0,
+        ge=0,
+        le=2,
+        description="0 disabled, 1 partitions optimizer state, 2 also partitions gradients (stage 3 is not supported).",
+    )
+    allgather_partitions: JsonBool = Field(
+        True,
+        description="Gather updated partitions with one all-gather (true) or a broadcast from each owner (false).",
+    )
+    allgather_bucket_size: JsonInt = Field(
+        DEFAULT_BUCKET_SIZE_ELEMS,
+        ge=1,
+        description="Elements all-gathered at a time; bounds the memory of the parameter all-gather.",
+    )
+    overlap_comm: JsonBool = Field(False, description="Overlap gradient reduction with the backward pass.")
+    reduce_scatter: JsonBool = Field(
+        True,
+        description="Reduce each gradient slice to its owner only (stage 2) instead of all-reducing buckets.",
+    )
+    reduce_bucket_size: JsonInt = Field(
+        DEFAULT_BUCKET_SIZE_ELEMS,
+        ge=1,
+        description="Elements reduced at a time; bounds the gradient bucket memory.",
+    )
+    contiguous_gradients: JsonBool = Field(
+        False,
+        description="Copy gradients into one contiguous buffer as they are produced (less fragmentation).",
+    )
+    cpu_offload: JsonBool = Field(
+        False, description="Deprecated spelling of offload_optimizer.device = 'cpu'; do not give both."
+    )
+    offload_optimizer: OffloadOptimizerConfig | None = Field(
+        None, description="Offload the optimizer state and step to the CPU (see the offload_optimizer table)."
+    )
+    load_from_fp32_weights: JsonBool = Field(
+        True,
+        description="On load, restore the fp32 master partition from the saved fp32 copy (else from weights).",
+    )
+    elastic_checkpoint: JsonBool = Field(
+        False, description="Accepted for compatibility; ds checkpoints always reshard to any world size."
+    )
+    ignore_unused_parameters: JsonBool = Field(
+        True, description="Do not fail when some parameters get no gradient in a step."
+    )
+    round_robin_gradients: JsonBool = Field(
+        False,
+        description="Order gradients so consecutive ones belong to different ranks (stage 2 load balance).",
+    )
+
+    @field_validator("stage", mode="before")
+    @classmethod
+    def _stage_three_is_not_here(cls, value: Any) -> Any:
+        if isinstance(value, int) and not isinstance(value, bool) and value == 3:
+            raise ValueError(
+                "ZeRO stage 3 is not supported by ds; use stage 2 (optimizer state and gradients partitioned), "
+                "optionally with offload_optimizer"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _cpu_offload_to_offload_optimizer(self) -> ZeroConfig:
+        if "cpu_offload" in self.model_fields_set and self.offload_optimizer is not None:
+            raise ValueError(
+                "cannot provide deprecated parameter 'zero_optimization.cpu_offload' and its replacement "
+                "'zero_optimization.offload_optimizer' together; keep only offload_optimizer"
+            )
+        if self.cpu_offload:
+            self.offload_optimizer = OffloadOptimizerConfig(device="cpu")
+        return self
+
+    @property
+    def offload_device(self) -> str:
+        """Effective offload device: ``"none"`` or ``"cpu"`` (``cpu_offload: true`` included)."""
+        return self.offload_optimizer.device if self.offload_optimizer is not None else "none"
+
+
+# --------------------------------------------------------------------------------------------- optimizer
+class OptimizerConfig(_Section):
+    """``optimizer``: the optimizer DeepSpeed builds (Adam, AdamW, Lamb, OneBitAdam or any torch.optim class)."""
+
+    type: str = Field(
+        min_length=1,
+        description=(
+            "Optimizer name: Adam, AdamW, Lamb, OneBitAdam (case-insensitive; stored lower-case like DeepSpeed) "
+            "or a torch.optim class name spelled exactly (e.g. SGD)."
+        ),
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the optimizer constructor (lr, betas, eps, weight_decay, ...).",
+    )
+
+    @field_validator("type", mode="before")
+    @classmethod
+    def _lower_native_names(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.lower() in NATIVE_OPTIMIZERS:
+            return value.lower()
+        return value
+
+
+class SchedulerConfig(_Section):
+    """``scheduler``: the learning-rate schedule, stepped once per optimizer step."""
+
+    type: str = Field(
+        min_length=1,
+        description=(
+            "Scheduler name: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest, "
+            "or a torch.optim.lr_scheduler class name spelled exactly."
+        ),
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments of the scheduler constructor."
+    )
+
+
+# --------------------------------------------------------------------------------------------- activation ckpt
+class ActivationCheckpointingConfig(_Section):
+    """``activation_checkpointing``: options of ``checkpoint()`` (applied by the user's ``configure`` call)."""
+
+    partition_activations: JsonBool = Field(
+        False, description="Store only this model-parallel rank's slice of each checkpointed activation."
+    )
+    cpu_checkpointing: JsonBool = Field(
+        False, description="Move the stored (partitioned) activations to CPU memory."
+    )
+    contiguous_memory_optimization: JsonBool = Field(
+        False,
+        description="Copy partitioned activations into preallocated contiguous buffers (needs partition_activations).",
+    )
+    number_checkpoints: JsonInt | None = Field(
+        None, ge=1, description="Number of checkpoints to preallocate for contiguous_memory_optimization."
+    )
+    synchronize_checkpoint_boundary: JsonBool = Field(
+        False,
+        description="Synchronize the device at the start and end of each checkpoint's forward and backward.",
+    )
+    profile: JsonBool = Field(False, description="Time each checkpoint's forward and backward and log it.")
+
+
+# --------------------------------------------------------------------------------------------- sparse attention
+_ATTENTION_DESCRIPTION = (
+    "'bidirectional' (BERT-like, tokens see both sides) or 'unidirectional' (autoregressive, lower triangle)."
+)
+
+
+class SparseAttentionModeConfig(_Section):
+    """Parameters shared by every sparse-attention mode."""
+
+    block: JsonInt = Field(16, ge=1, description="Block size: the layout is made of block x block tiles.")
+    different_layout_per_head: JsonBool = Field(
+        False, description="Give each head its own layout (where the mode supports variation)."
+    )
+
+
+class DenseSparseAttentionConfig(SparseAttentionModeConfig):
+    """``sparse_attention`` with ``mode: "dense"``: every block present (a reference for the sparse modes)."""
+
+    mode: Literal["dense"] = Field("dense", description="Sparsity structure.")
+
+
+class FixedSparseAttentionConfig(SparseAttentionModeConfig):
+    """``mode: "fixed"`` (the default): local windows plus global representative blocks (Sparse Transformer)."""
+
+    mode: Literal["fixed"] = Field("fixed", description="Sparsity structure.")
+    num_local_blocks: JsonInt = Field(4, ge=1, description="Blocks in each local attention window.")
+    num_global_blocks: JsonInt = Field(
+        1, ge=1, description="Consecutive blocks of a local window that represent it for global attention."
+    )
+    attention: Literal["unidirectional", "bidirectional"] = Field(
+        "bidirectional", description=_ATTENTION_DESCRIPTION
+    )
+    horizontal_global_attention: JsonBool = Field(
+        False, description="Global blocks also attend to every block (bidirectional only)."
+    )
+    num_different_global_patterns: JsonInt = Field(
+        1,
+        ge=1,
+        description="Number of different global layouts across heads (needs different_layout_per_head).",
+    )
+
+
+class VariableSparseAttentionConfig(SparseAttentionModeConfig):
+    """``mode: "variable"``: random, variable-size local windows, and listed global blocks."""
+
+    mode: Literal["variable"] = Field("variable", description="Sparsity structure.")
+    num_random_blocks: JsonInt = Field(0, ge=0, description="Random blocks in each block row.")
+    local_window_blocks: list[Annotated[JsonInt, Field(ge=1)]] = Field(
+        default_factory=lambda: [4],
+        min_length=1,
+        description="Sizes of the local windows in order; the last size repeats for the rest of the sequence.",
+    )
+    global_block_indices: list[Annotated[JsonInt, Field(ge=0)]] = Field(
+        default_factory=lambda: [0],
+        description="Global blocks (attend to and are attended by all); start indices when end indices are given.",
+    )
+    global_block_end_indices: list[Annotated[JsonInt, Field(ge=1)]] | None = Field(
+        None, description="Exclusive end of each global range; same length as global_block_indices."
+    )
+    attention: Literal["unidirectional", "bidirectional"] = Field(
+        "bidirectional", description=_ATTENTION_DESCRIPTION
+    )
+    horizontal_global_attention: JsonBool = Field(
+        False, description="Global blocks also attend to every block (bidirectional only)."
+    )
+
+
+class BigBirdSparseAttentionConfig(SparseAttentionModeConfig):
+    """``mode: "bigbird"``: random + sliding-window + global blocks (BigBird)."""
+
+    mode: Literal["bigbird"] = Field("bigbird", description="Sparsity structure.")
+    num_random_blocks: JsonInt = Field(
+        0, ge=0, description="Random blocks in each block row (config default 0; the class default is 1)."
+    )
+    num_sliding_window_blocks: JsonInt = Field(3, ge=1, description="Blocks in the sliding local window.")
+    num_global_blocks: JsonInt = Field(
+        1, ge=1, description="Leading blocks that attend to and are seen by all."
+    )
+    attention: Literal["unidirectional", "bidirectional"] = Field(
+        "bidirectional",
+        description=_ATTENTION_DESCRIPTION + " (read here as by V14's class; its parser ignored it)",
+    )
+
+
+class BSLongformerSparseAttentionConfig(SparseAttentionModeConfig):
+    """``mode: "bslongformer"``: sliding window + global blocks (block-sparse Longformer)."""
+
+    mode: Literal["bslongformer"] = Field("bslongformer", description="Sparsity structure.")
+    num_sliding_window_blocks: JsonInt = Field(3, ge=1, description="Blocks in the sliding local window.")
+    global_block_indices: list[Annotated[JsonInt, Field(ge=0)]] = Field(
+        default_factory=lambda: [0],
+        description="Global blocks (full rows and columns); start indices when end indices are given.",
+    )
+    global_block_end_indices: list[Annotated[JsonInt, Field(ge=1)]] | None = Field(
+        None, description="Exclusive end of each global range; same length as global_block_indices."
+    )
+    attention: Literal["unidirectional", "bidirectional"] = Field(
+        "bidirectional",
+        description=_ATTENTION_DESCRIPTION + " (read here as by V14's class; its parser ignored it)",
+    )
+
+
+SPARSE_ATTENTION_MODELS: dict[str, type[SparseAttentionModeConfig]] = {
+    "dense": DenseSparseAttentionConfig,
+    "fixed": FixedSparseAttentionConfig,
+    "variable": VariableSparseAttentionConfig,
+    "bigbird": BigBirdSparseAttentionConfig,
+    "bslongformer": BSLongformerSparseAttentionConfig,
+}
+
+
+def _sparse_mode_of(value: Any) -> str | None:
+    # A missing mode means "fixed", as in DeepSpeed's parser.
+    if isinstance(value, dict):
+        mode = value.get("mode", "fixed")
+        return mode if isinstance(mode, str) else None
+    return getattr(value, "mode", None)
+
+
+SparseAttentionConfig = Annotated[
+    Annotated[DenseSparseAttentionConfig, Tag("dense")]
+    | Annotated[FixedSparseAttentionConfig, Tag("fixed")]
+    | Annotated[VariableSparseAttentionConfig, Tag("variable")]
+    | Annotated[BigBirdSparseAttentionConfig, Tag("bigbird")]
+    | Annotated[BSLongformerSparseAttentionConfig, Tag("bslongformer")],
+    Discriminator(
+        _sparse_mode_of,
+        custom_error_type="invalid_sparse_mode",
+        custom_error_message="mode must be one of 'dense', 'fixed', 'variable', 'bigbird', 'bslongformer'",
+    ),
+]
+"""``sparse_attention``: one model per ``mode`` (dense, fixed, variable, bigbird, bslongformer)."""
+
+
+# --------------------------------------------------------------------------------------------- checkpoint
+class CheckpointConfig(_Section):
+    """``checkpoint``: options of save_checkpoint / load_checkpoint."""
+
+    tag_validation: Literal["Warn", "Ignore", "Fail"] = Field(
+        "Warn",
+        description="Check that every rank saves under the same tag: Warn, Ignore or Fail (case-insensitive).",
+    )
+
+    @field_validator("tag_validation", mode="before")
+    @classmethod
+    def _case_insensitive(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.capitalize() in ("Warn", "Ignore", "Fail"):
+            return value.capitalize()
+        return value
+
+
+# --------------------------------------------------------------------------------------------- whole config
+class DSConfig(_Section):
+    """The whole DeepSpeed config. Build it with :func:`ds_config.load_config`, which also derives the batch
+    sizes for a world size and applies the cross-key rules; after that the three batch fields are all set."""
+
+    train_batch_size: JsonInt | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Samples per optimizer step over all ranks = micro batch x gradient accumulation steps x world size. "
+            "Give it or train_micro_batch_size_per_gpu."
+        ),
+    )
+    train_micro_batch_size_per_gpu: JsonInt | None = Field(
+        None, ge=1, description="Samples one rank processes in one forward/backward (derived when absent)."
+    )
+    gradient_accumulation_steps: JsonInt | None = Field(
+        None,
+        ge=1,
+        description="Micro-steps whose gradients are accumulated before each optimizer step (derived).",
+    )
+    optimizer: OptimizerConfig | None = Field(
+        None, description="Optimizer built by the engine (none: client's)."
+    )
+    scheduler: SchedulerConfig | None = Field(None, description="Learning-rate schedule built by the engine.")
+    fp32_allreduce: JsonBool = Field(
+        False, description="All-reduce gradients in fp32 (cast up, reduce, cast back)."
+    )
+    prescale_gradients: JsonBool = Field(
+        False, description="Divide gradients by the world size before the all-reduce instead of after it."
+    )
+    gradient_predivide_factor: JsonFloat = Field(
+        1.0, gt=0, description="Divide gradients by this before the all-reduce and by world/factor after it."
+    )
+    sparse_gradients: JsonBool = Field(
+        False, description="Reduce torch.nn.Embedding gradients sparsely (only the rows that were used)."
+    )
+    fp16: FP16Config = Field(
+        default_factory=FP16Config, description="fp16 mixed precision with loss scaling."
+    )
+    bf16: BF16Config = Field(default_factory=BF16Config, description="bfloat16 mixed precision.")
+    amp: AmpConfig = Field(
+        default_factory=AmpConfig, description="Automatic mixed precision (apex amp levels)."
+    )
+    gradient_clipping: JsonFloat = Field(
+        0.0, ge=0, description="Clip gradients to this global L2 norm; 0 disables clipping."
+    )
+    zero_optimization: ZeroConfig = Field(
+        default_factory=ZeroConfig,
+        description="ZeRO partitioning (the deprecated boolean form true/false means stage 1/0).",
+    )
+    allgather_size: JsonInt = Field(
+        DEFAULT_BUCKET_SIZE_ELEMS,
+        ge=1,
+        description="Deprecated: all-gather bucket size read only with the boolean form zero_optimization: true.",
+    )
+    zero_allow_untested_optimizer: JsonBool = Field(
+        False, description="Allow ZeRO with an optimizer other than Adam/AdamW (untested combinations)."
+    )
+    steps_per_print: JsonInt = Field(10, ge=1, description="Log progress every this many optimizer steps.")
+    wall_clock_breakdown: JsonBool = Field(
+        False, description="Time the forward, backward and step phases and log them."
+    )
+    dump_state: JsonBool = Field(False, description="Print the engine's state once after initialisation.")
+    activation_checkpointing: ActivationCheckpointingConfig = Field(
+        default_factory=ActivationCheckpointingConfig, description="Activation checkpointing options."
+    )
+    sparse_attention: SparseAttentionConfig | None = Field(
+        None, description="Block-sparse attention layout, one parameter set per mode (none: not used)."
+    )
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint options.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _boolean_zero_form(cls, data: Any) -> Any:
+        # DeepSpeed's original form "zero_optimization": true meant stage 1 with the top-level allgather_size.
+        if isinstance(data, dict) and isinstance(data.get("zero_optimization"), bool):
+            data = dict(data)
+            enabled = data["zero_optimization"]
+            warnings.warn(
+                f"zero_optimization: {str(enabled).lower()} is deprecated; write "
+                f'"zero_optimization": {{"stage": {int(enabled)}}}',
+                ConfigWarning,
+                stacklevel=2,
+            )
+            data["zero_optimization"] = (
+                {"stage": 1, "allgather_bucket_size": data.get("allgather_size", DEFAULT_BUCKET_SIZE_ELEMS)}
+                if enabled
+                else {"stage": 0}
+            )
+        return data
+
+    @property
+    def precision(self) -> str:
+        """The effective training precision: ``"fp16"``, ``"bf16"``, ``"amp"`` or ``"fp32"``."""
+        if self.fp16.enabled:
+            return "fp16"
+        if self.bf16.enabled:
+            return "bf16"
+        if self.amp.enabled:
+            return "amp"
+        return "fp32"
