@@ -1,4 +1,49 @@
 """Activation checkpointing, and pickle-free training-state checkpoints that load at any world size."""
 
+from .activation import (
+    checkpoint,
+    configure,
+    get_cuda_rng_tracker,
+    get_rng_tracker,
+    is_configured,
+    model_parallel_cuda_manual_seed,
+    model_parallel_manual_seed,
+)
+from ._errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    ClientStateError,
+    DeepSpeedImportError,
+    ShardFormatError,
+    TagValidationError,
+)
+from ._load import LoadedState, load_state, read_shard, resolve_checkpoint
+from ._save import save_state, validate_tag
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    # activation checkpointing (ds_checkpoint.activation holds the rest: reset, errors, settings)
+    "checkpoint",
+    "configure",
+    "get_cuda_rng_tracker",
+    "get_rng_tracker",
+    "is_configured",
+    "model_parallel_cuda_manual_seed",
+    "model_parallel_manual_seed",
+    # training-state checkpoints
+    "CheckpointCorruptError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "ClientStateError",
+    "DeepSpeedImportError",
+    "LoadedState",
+    "ShardFormatError",
+    "TagValidationError",
+    "load_state",
+    "read_shard",
+    "resolve_checkpoint",
+    "save_state",
+    "validate_tag",
+]
