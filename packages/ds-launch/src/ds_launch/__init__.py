@@ -1,4 +1,34 @@
 """The ds-launch CLI, rank discovery under mpirun (mpi4py), hostfiles, clean failure."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._discovery import LaunchEnvError
+from ._hostfile import HostfileError, filter_resources, parse_hostfile, parse_hostfile_lines, select_resources
+from ._topology import Topology
+
+if TYPE_CHECKING:
+    from ._distributed import init_distributed
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = [
+    "__version__",
+    "HostfileError",
+    "LaunchEnvError",
+    "Topology",
+    "filter_resources",
+    "init_distributed",
+    "parse_hostfile",
+    "parse_hostfile_lines",
+    "select_resources",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # init_distributed needs torch (seconds to import); the launcher CLI and hostfile tools do not.
+    if name == "init_distributed":
+        from ._distributed import init_distributed
+
+        return init_distributed
+    raise AttributeError(f"module 'ds_launch' has no attribute {name!r}")

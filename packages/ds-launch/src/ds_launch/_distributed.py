@@ -1,0 +1,262 @@
+"""``init_distributed``: join the job's process group however the script was started."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ._discovery import Discovered, LaunchEnvError, discover_from_env, mpi_runtime
+from ._mpi_discovery import MPI_INSTALL_HINT, mpi_world
+from ._topology import Topology
+
+__all__ = ["init_distributed"]
+
+_LOOPBACK = "127.0.0.1"
+
+
+def _default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def _device_for(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def _routable_address() -> str:
+    """This host's address as other hosts see it: ``hostname -I``'s first token, as DeepSpeed does."""
+    try:
+        out = subprocess.run(
+            ["hostname", "-I"], capture_output=True, text=True, timeout=10, check=True
+        ).stdout
+        if out.split():
+            return out.split()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass  # no `hostname -I` (macOS, busybox): fall back to the resolver
+    return socket.gethostbyname(socket.gethostname())
+
+
+def _open_master_store(
+    addr: str, port: int, world_size: int, timeout: timedelta, fixed: bool
+) -> dist.TCPStore:
+    """Rank 0's store; when the port was only a preference and is taken, take any free port instead."""
+    try:
+        return dist.TCPStore(addr, port, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:
+        if fixed:
+            raise LaunchEnvError(
+                f"Rank 0 cannot listen on MASTER_PORT={port} ({exc}); choose a free port (--master_port)"
+            ) from exc
+        # Port 0 lets the kernel pick, and the store holds it from now on: no race with other jobs.
+        return dist.TCPStore(addr, 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def _env_port(env: Mapping[str, str]) -> int | None:
+    if "MASTER_PORT" not in env:
+        return None
+    try:
+        return int(env["MASTER_PORT"])
+    except ValueError:
+        raise LaunchEnvError(f"MASTER_PORT={env['MASTER_PORT']!r} is not a port number") from None
+
+
+def _mpi_rendezvous(distributed_port: int, timeout: timedelta, env: Mapping[str, str]):
+    """Ranks from mpi4py's COMM_WORLD; rank 0 opens the store and broadcasts its address and port."""
+    comm, world = mpi_world()
+    rank, size, names = world.rank, world.world_size, world.hostnames
+    store = None
+    message: tuple[str, str, int] = ("ok", "", 0)
+    if rank == 0:
+        try:
+            addr = env.get("MASTER_ADDR") or (_LOOPBACK if len(set(names)) == 1 else _routable_address())
+            env_port = _env_port(env)
+            port = distributed_port if env_port is None else env_port
+            store = _open_master_store(addr, port, size, timeout, fixed=env_port is not None)
+            message = ("ok", addr, store.port)
+        except Exception as exc:  # every rank must hear about it, or the others wait in bcast forever
+            message = ("error", f"{type(exc).__name__}: {exc}", 0)
+    status, addr, port = comm.bcast(message, root=0)
+    if status != "ok":
+        raise LaunchEnvError(f"Rank 0 could not open the rendezvous store: {addr}")
+    if store is None:
+        store = dist.TCPStore(addr, port, size, is_master=False, timeout=timeout)
+    return world, addr, port, store
+
+
+def _need_master(found: Discovered, env: Mapping[str, str], mpi_available: bool) -> tuple[str, int]:
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing:
+        why = (
+            "mpi4py is not installed, so rank 0's address cannot be shared through MPI"
+            if found.source != "env:RANK" and not mpi_available
+            else "the launcher did not set them"
+        )
+        raise LaunchEnvError(
+            f"Started by {found.source} with world size {found.world_size}, but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set and {why}. Set MASTER_ADDR and MASTER_PORT for "
+            f"every rank (e.g. mpirun -x MASTER_ADDR=<rank-0 host> -x MASTER_PORT=29500 ...), or install "
+            f"mpi4py: {MPI_INSTALL_HINT}"
+        )
+    return env["MASTER_ADDR"], _env_port(env) or 0
+
+
+def _local_from_hostnames(found: Discovered) -> tuple[int, int]:
+    """Local rank and size by comparing hostnames over the already-initialised process group."""
+    names: list[Any] = [None] * found.world_size
+    dist.all_gather_object(names, socket.gethostname())
+    me = names[found.rank]
+    return names[: found.rank].count(me), names.count(me)
+
+
+def _publish(topology: Topology) -> None:
+    # Code written for DeepSpeed or torchrun reads these; keep them true after MPI discovery.
+    os.environ.update(
+        RANK=str(topology.rank),
+        WORLD_SIZE=str(topology.world_size),
+        LOCAL_RANK=str(topology.local_rank),
+        LOCAL_WORLD_SIZE=str(topology.local_world_size),
+        MASTER_ADDR=topology.master_addr,
+        MASTER_PORT=str(topology.master_port),
+    )
+
+
+_current: Topology | None = None
+
+
+def _already_initialised(auto_mpi_discovery: bool) -> Topology:
+    rank, size = dist.get_rank(), dist.get_world_size()
+    env = os.environ
+    found = discover_from_env(env)
+    if auto_mpi_discovery and mpi_runtime(env) is not None:
+        try:
+            found = mpi_world()[1]
+        except ImportError:
+            pass  # the environment variables checked below are the best evidence there is
+    if found is not None and (found.rank, found.world_size) != (rank, size):
+        raise LaunchEnvError(
+            f"torch.distributed is already initialised as rank {rank} of {size}, but {found.source} says rank "
+            f"{found.rank} of {found.world_size}; initialise the process group once, from one source"
+        )
+    if _current is not None and (_current.rank, _current.world_size) == (rank, size):
+        return _current
+    base = found or Discovered(rank, size, None, None, "torch.distributed")
+    if base.local_rank is None or base.local_world_size is None:
+        local_rank, local_world_size = _local_from_hostnames(Discovered(rank, size, None, None, base.source))
+    else:
+        local_rank, local_world_size = base.local_rank, base.local_world_size
+    return Topology(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=size,
+        local_world_size=local_world_size,
+        master_addr=env.get("MASTER_ADDR", _LOOPBACK),
+        master_port=int(env.get("MASTER_PORT", "0") or 0),
+        backend=str(dist.get_backend()),
+        device=_device_for(local_rank),
+        source="torch.distributed",
+    )
+
+
+def init_distributed(
+    backend: str | None = None,
+    timeout: timedelta = timedelta(minutes=30),
+    distributed_port: int = 29500,
+    auto_mpi_discovery: bool = True,
+    init_method: str | None = None,
+) -> Topology:
+    """Initialise ``torch.distributed`` for a script started by any launcher, and describe the result.
+
+    Ranks come from, in order: RANK/WORLD_SIZE (torchrun, ``ds-launch``); mpi4py's COMM_WORLD when
+    started by mpirun (local ranks from the ranks sharing a host, rank 0's address and a port it
+    holds broadcast over MPI; ``distributed_port`` is tried first, MASTER_ADDR/MASTER_PORT win when
+    set); Open MPI / PMI / SLURM variables when mpi4py is missing (then MASTER_ADDR and MASTER_PORT
+    must be set); otherwise a world of one on a free local port. ``backend`` defaults to nccl with
+    CUDA and gloo without. ``timeout`` bounds the rendezvous and every collective (so a rank stuck in
+    one fails instead of hanging). ``auto_mpi_discovery=False`` never imports mpi4py. Calling it
+    again, or after someone else initialised the process group, returns the existing topology after
+    checking that its ranks agree with the launcher's.
+    """
+    global _current
+    if dist.is_available() and dist.is_initialized():
+        _current = _already_initialised(auto_mpi_discovery)
+        return _current
+    backend = backend or _default_backend()
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise LaunchEnvError("backend 'nccl' needs CUDA devices, and none is visible; use backend='gloo'")
+    env = dict(os.environ)
+    found = discover_from_env(env)
+    store = None
+    use_mpi4py = (
+        auto_mpi_discovery
+        and init_method is None
+        and mpi_runtime(env) is not None
+        and (found is None or found.source != "env:RANK")
+    )
+    if use_mpi4py and not _mpi4py_missing():
+        found, addr, port, store = _mpi_rendezvous(distributed_port, timeout, env)
+    elif found is None:
+        if mpi_runtime(env) is not None:
+            raise LaunchEnvError(
+                f"Started by an MPI runtime ({mpi_runtime(env)}) that gives no world size, and mpi4py is not "
+                f"available to ask it: {MPI_INSTALL_HINT}, or set RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT"
+            )
+        found = Discovered(0, 1, 0, 1, "default")
+        addr, port = env.get("MASTER_ADDR", _LOOPBACK), _env_port(env)
+        store = _open_master_store(addr, port or 0, 1, timeout, fixed=port is not None)
+        port = store.port
+    elif found.world_size == 1 and not env.get("MASTER_PORT"):
+        addr = env.get("MASTER_ADDR", _LOOPBACK)
+        store = _open_master_store(addr, 0, 1, timeout, fixed=False)
+        port = store.port
+    elif init_method is not None:
+        addr, port = env.get("MASTER_ADDR", ""), _env_port(env) or 0
+    else:
+        addr, port = _need_master(found, env, mpi_available=not _mpi4py_missing())
+
+    device = _device_for(found.local_rank or 0)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    kwargs: dict[str, Any] = {"backend": backend, "rank": found.rank, "world_size": found.world_size}
+    if store is not None:
+        kwargs["store"] = store
+    else:
+        kwargs["init_method"] = init_method or f"tcp://{_bracket(addr)}:{port}"
+    dist.init_process_group(timeout=timeout, **kwargs)
+
+    local_rank, local_world_size = found.local_rank, found.local_world_size
+    if local_rank is None or local_world_size is None:
+        local_rank, local_world_size = _local_from_hostnames(found)
+        device = _device_for(local_rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+    _current = Topology(
+        rank=found.rank,
+        local_rank=local_rank,
+        world_size=found.world_size,
+        local_world_size=local_world_size,
+        master_addr=addr,
+        master_port=port,
+        backend=backend,
+        device=device,
+        source=found.source,
+    )
+    _publish(_current)
+    return _current
+
+
+def _bracket(addr: str) -> str:
+    return f"[{addr}]" if ":" in addr and not addr.startswith("[") else addr
+
+
+def _mpi4py_missing() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("mpi4py") is None
