@@ -5,7 +5,9 @@ problem comes back at once in one :class:`ConfigError`. Sections are plain pydan
 field names are the JSON keys, e.g. ``cfg.zero_optimization.stage`` or ``cfg.fp16.loss_scale``.
 """
 
+from ._batch import BatchSizes, derive_batch_sizes
 from ._errors import ConfigError, ConfigProblem, ConfigWarning
+from ._load import load_config
 from ._models import (
     NATIVE_OPTIMIZERS,
     NATIVE_SCHEDULERS,
@@ -35,6 +37,7 @@ __all__ = [
     "NATIVE_SCHEDULERS",
     "SPARSE_ATTENTION_MODES",
     "ActivationCheckpointingConfig",
+    "BatchSizes",
     "AmpConfig",
     "BF16Config",
     "BSLongformerSparseAttentionConfig",
@@ -55,4 +58,6 @@ __all__ = [
     "VariableSparseAttentionConfig",
     "ZeroConfig",
     "__version__",
+    "derive_batch_sizes",
+    "load_config",
 ]

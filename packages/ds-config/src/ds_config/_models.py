@@ -10,8 +10,18 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
+from ._batch import BatchSizes
 from ._errors import ConfigWarning
 from ._types import JsonBool, JsonFloat, JsonInt
 
@@ -565,6 +575,15 @@ class DSConfig(_Section):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint options.")
 
+    _batch: BatchSizes | None = PrivateAttr(None)
+
+    @property
+    def batch(self) -> BatchSizes:
+        """The derived batch sizes and the world size they were derived for (set by ``load_config``)."""
+        if self._batch is None:
+            raise AttributeError("batch sizes are derived by ds_config.load_config(..., world_size=N)")
+        return self._batch
+
     @model_validator(mode="before")
     @classmethod
     def _boolean_zero_form(cls, data: Any) -> Any:
@@ -579,7 +598,7 @@ class DSConfig(_Section):
                 stacklevel=2,
             )
             data["zero_optimization"] = (
-                {"stage": 1, "allgather_bucket_size": data.get("allgather_size", DEFAULT_BUCKET_SIZE_ELEMS)}
+                {"stage": 1, "allgather_bucket_size": data.pop("allgather_size", DEFAULT_BUCKET_SIZE_ELEMS)}
                 if enabled
                 else {"stage": 0}
             )

@@ -1,0 +1,113 @@
+"""Batch-size derivation, exactly as DeepSpeed's ``_set_batch_related_parameters`` + ``_batch_assertion``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ._errors import ConfigError, ConfigProblem
+
+__all__ = ["BatchSizes", "derive_batch_sizes"]
+
+TBS, MBS, GAS = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
+
+
+@dataclass(frozen=True)
+class BatchSizes:
+    """A consistent batch triple: ``train_batch_size == micro * gas * world_size``."""
+
+    train_batch_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    world_size: int
+    world_size_source: str
+
+
+def derive_batch_sizes(
+    train_batch_size: int | None,
+    train_micro_batch_size_per_gpu: int | None,
+    gradient_accumulation_steps: int | None,
+    world_size: int,
+    world_size_source: str = "explicit argument",
+) -> BatchSizes:
+    """Fill in the missing batch sizes for a data-parallel ``world_size`` and check the result.
+
+    The seven cases of spec section 1, in order (integer floor division), then the assertions in
+    DeepSpeed's order; the first failing assertion is reported. Raises :class:`ConfigError` naming the
+    three numbers, where the world size came from, and a consistent triple to use instead.
+    """
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
+        raise ConfigError([ConfigProblem("world_size", "expected an integer >= 1", world_size)])
+    tbs, mbs, gas, w = (
+        train_batch_size,
+        train_micro_batch_size_per_gpu,
+        gradient_accumulation_steps,
+        world_size,
+    )
+    if tbs is not None and mbs is not None and gas is not None:
+        pass  # 1. all three given: nothing derived
+    elif tbs is not None and mbs is not None:
+        gas = (tbs // mbs) // w if mbs else 0  # 2. (a zero micro batch fails its assertion below)
+    elif tbs is not None and gas is not None:
+        mbs = (tbs // w) // gas if gas else 0  # 3.
+    elif mbs is not None and gas is not None:
+        tbs = mbs * gas * w  # 4.
+    elif tbs is not None:
+        gas, mbs = 1, tbs // w  # 5.
+    elif mbs is not None:
+        gas, tbs = 1, mbs * w  # 6.
+    else:  # 7.
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    TBS,
+                    f"either {TBS} or {MBS} needs to be provided "
+                    f'(for example "{MBS}": 1 with {GAS} derived as 1 gives {TBS} = 1 * 1 * {w})',
+                )
+            ]
+        )
+    problem = _first_failed_assertion(tbs, mbs, gas, w, world_size_source)
+    if problem is not None:
+        raise ConfigError([problem])
+    return BatchSizes(tbs, mbs, gas, w, world_size_source)
+
+
+def _first_failed_assertion(tbs: int, mbs: int, gas: int, w: int, source: str) -> ConfigProblem | None:
+    where = f"world size {w} from {source}"
+    if tbs <= 0:
+        return ConfigProblem(TBS, f"Train batch size: {tbs} has to be greater than 0 ({where})", tbs)
+    if mbs <= 0:
+        hint = _proposal(tbs, mbs, gas, w)
+        return ConfigProblem(
+            MBS, f"Micro batch size per gpu: {mbs} has to be greater than 0 ({where}); {hint}", mbs
+        )
+    if gas <= 0:
+        hint = _proposal(tbs, mbs, gas, w)
+        return ConfigProblem(
+            GAS, f"Gradient accumulation steps: {gas} has to be greater than 0 ({where}); {hint}", gas
+        )
+    if tbs != mbs * gas * w:
+        return ConfigProblem(
+            TBS,
+            f"{TBS} is not equal to {MBS} * {GAS} * world_size: {tbs} != {mbs} * {gas} * {w} "
+            f"({where}); {_proposal(tbs, mbs, gas, w)}",
+            tbs,
+        )
+    return None
+
+
+def _proposal(tbs: int, mbs: int, gas: int, w: int) -> str:
+    """A consistent triple close to the given one, keeping the micro batch when it is usable."""
+    if mbs > 0:
+        new_gas = max(1, round(tbs / (mbs * w)))
+        new_mbs = mbs
+    else:
+        new_gas = max(1, gas)
+        new_mbs = max(1, tbs // (w * new_gas))
+    new_tbs = new_mbs * new_gas * w
+    text = (
+        f'a consistent choice is "{TBS}": {new_tbs}, "{MBS}": {new_mbs}, "{GAS}": {new_gas} '
+        f"(= {new_mbs} * {new_gas} * {w})"
+    )
+    if mbs > 0 and gas > 0 and tbs % (mbs * gas) == 0 and tbs // (mbs * gas) != w:
+        text += f", or run on a world size of {tbs // (mbs * gas)}"
+    return text
