@@ -91,14 +91,15 @@ def _mpi_rendezvous(distributed_port: int, timeout: timedelta, env: Mapping[str,
     return world, addr, port, store
 
 
-def _need_master(found: Discovered, env: Mapping[str, str], mpi_available: bool) -> tuple[str, int]:
+def _need_master(found: Discovered, env: Mapping[str, str], auto_mpi_discovery: bool) -> tuple[str, int]:
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
     if missing:
-        why = (
-            "mpi4py is not installed, so rank 0's address cannot be shared through MPI"
-            if found.source != "env:RANK" and not mpi_available
-            else "the launcher did not set them"
-        )
+        if found.source == "env:RANK":
+            why = "the launcher did not set them"
+        elif not auto_mpi_discovery:
+            why = "auto_mpi_discovery=False forbids sharing rank 0's address through MPI"
+        else:
+            why = "mpi4py is not installed, so rank 0's address cannot be shared through MPI"
         raise LaunchEnvError(
             f"Started by {found.source} with world size {found.world_size}, but {' and '.join(missing)} "
             f"{'is' if len(missing) == 1 else 'are'} not set and {why}. Set MASTER_ADDR and MASTER_PORT for "
@@ -219,7 +220,7 @@ def init_distributed(
     elif init_method is not None:
         addr, port = env.get("MASTER_ADDR", ""), _env_port(env) or 0
     else:
-        addr, port = _need_master(found, env, mpi_available=not _mpi4py_missing())
+        addr, port = _need_master(found, env, auto_mpi_discovery)
 
     device = _device_for(found.local_rank or 0)
     if device.type == "cuda":
@@ -257,6 +258,8 @@ def _bracket(addr: str) -> str:
 
 
 def _mpi4py_missing() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("mpi4py") is None
+    try:
+        import mpi4py  # noqa: F401  (the package only; MPI itself initialises on `from mpi4py import MPI`)
+    except ImportError:
+        return True
+    return False
