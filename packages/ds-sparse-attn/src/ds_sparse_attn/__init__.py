@@ -1,4 +1,36 @@
-"""Block-sparse attention (fixed, BigBird, Longformer, variable layouts) on CPU and CUDA."""
+"""Block-sparse attention (fixed, BigBird, Longformer, variable layouts) on CPU and CUDA.
+
+Layouts reproduce DeepSpeed 0.14's sparsity configs; `SparseSelfAttention` computes attention only on the
+layout's blocks (batched torch matmuls on CPU, Numba CUDA kernels on GPUs), forward and backward.
+"""
+
+from ._attention import BertSparseSelfAttention, SparseSelfAttention
+from ._from_config import from_config
+from ._layouts import (
+    BigBirdSparsityConfig,
+    BSLongformerSparsityConfig,
+    DenseSparsityConfig,
+    FixedSparsityConfig,
+    LocalSlidingWindowSparsityConfig,
+    SparsityConfig,
+    VariableSparsityConfig,
+)
+from ._plot import plot_layout
+from ._utils import SparseAttentionUtils
 
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = [
+    "BSLongformerSparsityConfig",
+    "BertSparseSelfAttention",
+    "BigBirdSparsityConfig",
+    "DenseSparsityConfig",
+    "FixedSparsityConfig",
+    "LocalSlidingWindowSparsityConfig",
+    "SparseAttentionUtils",
+    "SparseSelfAttention",
+    "SparsityConfig",
+    "VariableSparsityConfig",
+    "__version__",
+    "from_config",
+    "plot_layout",
+]

@@ -1,0 +1,136 @@
+"""Index tensors that describe one layout for the block-sparse products, built once per (layout, device).
+
+Two forms of the same layout:
+* buckets (torch path): query block rows grouped by how many key blocks they attend, each row's key blocks
+  listed in a padded (rows, K) index tensor, so a bucket is processed with batched matmuls over gathered
+  blocks; grouping keeps the padding waste small when a few rows (BigBird/Longformer global rows) attend far
+  more blocks than the rest.
+* flat (CUDA kernels): the present blocks in row-major order with CSR row pointers, and a column-major
+  permutation with CSC pointers for the transposed products of the backward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+# Rows whose block count is at least this fraction of the bucket's widest row share the bucket, so padding
+# wastes at most 1 - _BUCKET_FILL of a bucket's work.
+_BUCKET_FILL = 0.75
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Query block rows with similar block counts.
+
+    rows: (R,) flat query block index head * nb + row.  heads, qrows: (R,) head and row of each.
+    cols: (R, K) key block of each slot (padding slots repeat a valid column).  keys: (R, K) head * nb + col.
+    pad_bias: (R, 1, K * block) 0 for real slots, -inf for padding; None when no row is padded.
+    """
+
+    rows: torch.Tensor
+    heads: torch.Tensor
+    qrows: torch.Tensor
+    cols: torch.Tensor
+    keys: torch.Tensor
+    pad_bias: torch.Tensor | None
+
+    @property
+    def width(self) -> int:
+        return self.cols.shape[1]
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Present blocks in row-major order (CSR) plus a column-major view (CSC), int32 for the kernels.
+
+    block_head, block_row, block_col: (nnz,).  row_ptr: (H * nb + 1,) into the row-major block list.
+    col_ptr: (H * nb + 1,) into col_perm, which lists row-major block ids ordered by (head, col, row).
+    """
+
+    num_blocks: int
+    block_head: torch.Tensor
+    block_row: torch.Tensor
+    block_col: torch.Tensor
+    row_ptr: torch.Tensor
+    col_ptr: torch.Tensor
+    col_perm: torch.Tensor
+
+
+class BlockSparsePlan:
+    """Index tensors for a (num_heads, nb, nb) layout on one device."""
+
+    def __init__(self, layout: torch.Tensor, block: int, device: torch.device) -> None:
+        self.layout = layout.to(device=device, dtype=torch.bool)
+        self.block = block
+        self.num_heads, self.num_blocks = self.layout.shape[0], self.layout.shape[1]
+        self.device = device
+
+    @cached_property
+    def nnz(self) -> int:
+        return int(self.layout.sum())
+
+    @cached_property
+    def buckets(self) -> list[Bucket]:
+        flat = self.layout.reshape(-1, self.num_blocks)  # (H * nb, nb)
+        counts = flat.sum(-1)
+        order = torch.argsort(counts, descending=True, stable=True)
+        sorted_counts = counts[order].tolist()
+        buckets = []
+        start = 0
+        while start < len(sorted_counts) and sorted_counts[start] > 0:
+            width = sorted_counts[start]
+            end = start
+            while end < len(sorted_counts) and sorted_counts[end] >= max(1, _BUCKET_FILL * width):
+                end += 1
+            buckets.append(self._bucket(flat, order[start:end], width))
+            start = end
+        return buckets
+
+    def _bucket(self, flat: torch.Tensor, rows: torch.Tensor, width: int) -> Bucket:
+        present = flat[rows]  # (R, nb)
+        # A stable sort of "absent" puts each row's present columns first, in ascending order.
+        cols = torch.argsort((~present).to(torch.int8), dim=1, stable=True)[:, :width]
+        counts = present.sum(-1, keepdim=True)
+        slot = torch.arange(width, device=self.device)
+        valid = slot < counts  # (R, K)
+        cols = torch.where(valid, cols, cols[:, :1])
+        heads = rows // self.num_blocks
+        pad_bias = None
+        if not bool(valid.all()):
+            pad = torch.zeros(valid.shape, dtype=torch.float32, device=self.device)
+            pad.masked_fill_(~valid, float("-inf"))
+            pad_bias = pad.repeat_interleave(self.block, dim=1).unsqueeze(1)  # (R, 1, K * block)
+        return Bucket(
+            rows=rows,
+            heads=heads,
+            qrows=rows % self.num_blocks,
+            cols=cols,
+            keys=heads[:, None] * self.num_blocks + cols,
+            pad_bias=pad_bias,
+        )
+
+    @cached_property
+    def flat(self) -> FlatLayout:
+        head, row, col = self.layout.nonzero(as_tuple=True)  # row-major order
+        nb = self.num_blocks
+        row_counts = torch.bincount(head * nb + row, minlength=self.num_heads * nb)
+        col_key = head * nb + col
+        col_perm = torch.argsort(col_key * nb + row)
+        col_counts = torch.bincount(col_key, minlength=self.num_heads * nb)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+
+        def as_i32(t: torch.Tensor) -> torch.Tensor:
+            return t.to(torch.int32).contiguous()
+
+        return FlatLayout(
+            num_blocks=nb,
+            block_head=as_i32(head),
+            block_row=as_i32(row),
+            block_col=as_i32(col),
+            row_ptr=as_i32(torch.cat([zero, row_counts.cumsum(0)])),
+            col_ptr=as_i32(torch.cat([zero, col_counts.cumsum(0)])),
+            col_perm=as_i32(col_perm),
+        )
