@@ -86,7 +86,8 @@ def _all_tensors(params: list[Any]) -> list[torch.Tensor]:
 def _build_adam(params: list[Any], opts: dict[str, Any], adamw_type: bool, cpu_offload: bool) -> Any:
     """DeepSpeed's Adam/AdamW: decoupled decay unless ``adam_w_mode`` is false (and type is not AdamW)."""
     opts.pop("torch_adam", None)  # torch's implementation is always used here
-    decoupled = adamw_type or bool(opts.pop("adam_w_mode", True))
+    adam_w_mode = bool(opts.pop("adam_w_mode", True))
+    decoupled = adamw_type or adam_w_mode
     bias_correction = bool(opts.pop("bias_correction", True))
     opts.setdefault("weight_decay", 0.0)  # DeepSpeed's default; torch.optim.AdamW's is 0.01
     if cpu_offload or not bias_correction:
