@@ -152,8 +152,10 @@ def _walk(model: type[BaseModel], data: dict[str, Any], path: str, strict: bool,
 
 
 def _walk_sparse_attention(data: dict[str, Any], path: str, strict: bool, prep: Preparation) -> None:
+    for key in [k for k, v in data.items() if v is None]:
+        del data[key]  # null behaves as absent, before the mode is looked up
     mode = data.get("mode", "fixed")
-    if mode not in SPARSE_ATTENTION_MODELS:
+    if not isinstance(mode, str) or mode not in SPARSE_ATTENTION_MODELS:
         return  # pydantic reports the bad mode with the list of modes
     model = SPARSE_ATTENTION_MODELS[mode]
     for key in list(data):
