@@ -1,14 +1,5 @@
 """Activation checkpointing, and pickle-free training-state checkpoints that load at any world size."""
 
-from .activation import (
-    checkpoint,
-    configure,
-    get_cuda_rng_tracker,
-    get_rng_tracker,
-    is_configured,
-    model_parallel_cuda_manual_seed,
-    model_parallel_manual_seed,
-)
 from ._errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -20,6 +11,15 @@ from ._errors import (
 )
 from ._load import LoadedState, load_state, read_shard, resolve_checkpoint
 from ._save import save_state, validate_tag
+from .activation import (
+    checkpoint,
+    configure,
+    get_cuda_rng_tracker,
+    get_rng_tracker,
+    is_configured,
+    model_parallel_cuda_manual_seed,
+    model_parallel_manual_seed,
+)
 
 __version__ = "0.1.0"
 __all__ = [
