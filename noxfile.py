@@ -1,0 +1,113 @@
+"""Sessions for the ds monorepo. `nox -l` lists them; `nox -s tests` runs everything CI needs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+# --- constants -------------------------------------------------------------------------------------
+ROOT = Path(__file__).parent
+TORCH = "torch==2.13.0"  # the CPU build that lies on these machines' disk; packages accept a range
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6"]
+# package -> (its internal dependencies, extras its tests exercise)
+PACKAGES: dict[str, tuple[list[str], list[str]]] = {
+    "ds-config": ([], []),
+    "ds-precision": (["ds-config"], []),
+    "ds-zero": (["ds-config"], []),
+    "ds-optim": (["ds-config"], ["mpi"]),
+    "ds-checkpoint": (["ds-config"], []),
+    "ds-sparse-attn": (["ds-config"], ["plot"]),
+    "ds-launch": (["ds-config"], ["mpi"]),
+    "ds-engine": (["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn",
+                   "ds-launch"], []),
+}
+WORLD_SIZES = [1, 2, 4]
+PER_TEST_TIMEOUT_S = "600"
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests"]
+
+
+def _local(name: str, extras: list[str] | None = None) -> str:
+    extra = f"[{','.join(extras)}]" if extras else ""
+    return f"{ROOT / 'packages' / name}{extra}"
+
+
+def _install(session: nox.Session, names: list[str], extras: dict[str, list[str]] | None = None) -> None:
+    """Install torch first (the local CPU build), then the named packages from this checkout, non-editable."""
+    session.install(TORCH, *TEST_DEPS)
+    session.install(*[_local(n, (extras or {}).get(n)) for n in names])
+
+
+def _gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+# --- sessions --------------------------------------------------------------------------------------
+@nox.session(name="pkg")
+@nox.parametrize("package", list(PACKAGES))
+def package_tests(session: nox.Session, package: str) -> None:
+    """One package's tests with only it (and what it declares) installed into a fresh environment."""
+    deps, extras = PACKAGES[package]
+    _install(session, [*deps, package], {package: extras})
+    session.run("python", "-m", "pytest", f"packages/{package}/tests", "-q", f"--timeout={PER_TEST_TIMEOUT_S}",
+                "-p", "no:cacheprovider", *session.posargs)
+
+
+@nox.session
+def kernels(session: nox.Session) -> None:
+    """Sparse-attention kernel tests under Numba's CUDA simulator (and on a GPU when one is present)."""
+    _install(session, ["ds-config", "ds-sparse-attn"], {"ds-sparse-attn": ["cuda"]})
+    session.run("python", "-m", "pytest", "kernels", "-q", f"--timeout={PER_TEST_TIMEOUT_S}", *session.posargs,
+                env={"NUMBA_ENABLE_CUDASIM": "0" if _gpu_count() else "1"})
+
+
+@nox.session
+@nox.parametrize("world_size", WORLD_SIZES)
+def integration(session: nox.Session, world_size: int) -> None:
+    """Multi-package, multi-rank tests at one world size (gloo on CPU; one rank per GPU over nccl)."""
+    gpus = _gpu_count()
+    if gpus and world_size > gpus:
+        session.skip(f"world size {world_size} needs {world_size} GPUs, found {gpus}")
+    _install(session, list(PACKAGES), {"ds-launch": ["mpi"], "ds-engine": []})
+    session.run("python", "-m", "pytest", "integration", "-q", f"--timeout={PER_TEST_TIMEOUT_S}",
+                *session.posargs, env={"DS_TEST_WORLD_SIZE": str(world_size)})
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", ".")
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Package contracts (no sibling imports, lock-step versions) and the generated config reference."""
+    session.install("pytest", "pydantic>=2.6,<3", _local("ds-config"))
+    session.run("python", "tools/check_deps.py")
+    session.run("python", "tools/gen_config_reference.py", "--check")
+    session.run("python", "-m", "pytest", "tools/tests", "-q")
+
+
+@nox.session
+def train(session: nox.Session) -> None:
+    """The main job: a real 2-rank training run of a small GPT on built-in defaults (args pass through)."""
+    _install(session, list(PACKAGES), {"ds-sparse-attn": ["plot"]})
+    session.run("ds-launch", "--num_procs", os.environ.get("DS_NUM_PROCS", "2"), "examples/train_gpt.py",
+                *session.posargs)
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Everything CI runs: lint, docs, each package alone, kernels, integration at every world size."""
+    for name in ["lint", "docs", *[f"pkg(package='{p}')" for p in PACKAGES], "kernels",
+                 *[f"integration(world_size={w})" for w in WORLD_SIZES]]:
+        session.notify(name)
