@@ -91,6 +91,7 @@ def _torch_has(module_name: str, name: str) -> bool:
 
 # --------------------------------------------------------------------------------------------- precision
 def fp16_with_bf16(cfg: DSConfig) -> list[P]:
+    """fp16.enabled and bf16.enabled cannot both be true."""
     if cfg.fp16.enabled and cfg.bf16.enabled:
         return [P("bf16.enabled", "bfloat16 and fp16 modes cannot be simultaneously enabled; "
                   "set fp16.enabled or bf16.enabled to false", True)]  # fmt: skip
@@ -98,6 +99,7 @@ def fp16_with_bf16(cfg: DSConfig) -> list[P]:
 
 
 def amp_with_fp16(cfg: DSConfig) -> list[P]:
+    """amp.enabled and fp16.enabled cannot both be true."""
     if cfg.amp.enabled and cfg.fp16.enabled:
         return [P("amp.enabled", "cannot enable both amp and (legacy) fp16 mode; "
                   "set amp.enabled or fp16.enabled to false", True)]  # fmt: skip
@@ -105,6 +107,7 @@ def amp_with_fp16(cfg: DSConfig) -> list[P]:
 
 
 def amp_with_bf16(cfg: DSConfig) -> list[P]:
+    """amp.enabled and bf16.enabled cannot both be true."""
     if cfg.amp.enabled and cfg.bf16.enabled:
         return [
             P(
@@ -117,6 +120,7 @@ def amp_with_bf16(cfg: DSConfig) -> list[P]:
 
 
 def amp_with_zero(cfg: DSConfig) -> list[P]:
+    """amp cannot be combined with zero_optimization.stage >= 1 (use fp16, like amp O2)."""
     stage = cfg.zero_optimization.stage
     if cfg.amp.enabled and stage > 0:
         return [P("amp.enabled", f"amp and ZeRO (zero_optimization.stage = {stage}) are not compatible; use "
@@ -126,6 +130,7 @@ def amp_with_zero(cfg: DSConfig) -> list[P]:
 
 
 def sparse_gradients_with_amp(cfg: DSConfig) -> list[P]:
+    """sparse_gradients cannot be combined with amp."""
     if cfg.sparse_gradients and cfg.amp.enabled:
         return [
             P("sparse_gradients", "sparse_gradients cannot be combined with amp (amp.enabled = true)", True)
@@ -134,6 +139,7 @@ def sparse_gradients_with_amp(cfg: DSConfig) -> list[P]:
 
 
 def lamb_needs_dynamic_scale(cfg: DSConfig) -> list[P]:
+    """The Lamb optimizer under fp16 needs dynamic loss scaling (fp16.loss_scale 0)."""
     if (
         cfg.optimizer
         and cfg.optimizer.type == "lamb"
@@ -147,6 +153,7 @@ def lamb_needs_dynamic_scale(cfg: DSConfig) -> list[P]:
 
 # --------------------------------------------------------------------------------------------- ZeRO
 def offload_rules(cfg: DSConfig) -> list[P]:
+    """Optimizer offload (offload_optimizer.device 'cpu' or cpu_offload) needs stage 1 or 2; 'nvme' and ratio < 1 (ZeRO-3 features) are rejected."""
     zero = cfg.zero_optimization
     offload = zero.offload_optimizer
     if offload is None:
@@ -167,6 +174,7 @@ def offload_rules(cfg: DSConfig) -> list[P]:
 
 
 def zero2_reduce_scatter_scaling(cfg: DSConfig) -> list[P]:
+    """Stage 2 with reduce_scatter rejects gradient_predivide_factor != 1 and prescale_gradients."""
     zero = cfg.zero_optimization
     if zero.stage != 2 or not zero.reduce_scatter:
         return []
@@ -183,6 +191,7 @@ def zero2_reduce_scatter_scaling(cfg: DSConfig) -> list[P]:
 
 
 def fp32_allreduce_with_zero(cfg: DSConfig) -> list[P]:
+    """fp32_allreduce is not supported with ZeRO (stage >= 1), as in DeepSpeed 0.3."""
     stage = cfg.zero_optimization.stage
     if cfg.fp32_allreduce and stage > 0:
         return [P("fp32_allreduce", f"ZeRO (zero_optimization.stage = {stage}) does not support fp32_allreduce: "
@@ -191,6 +200,7 @@ def fp32_allreduce_with_zero(cfg: DSConfig) -> list[P]:
 
 
 def onebitadam_with_zero(cfg: DSConfig) -> list[P]:
+    """OneBitAdam works with stage 0 only."""
     stage = cfg.zero_optimization.stage
     if cfg.optimizer and cfg.optimizer.type == "onebitadam" and stage > 0:
         return [P("optimizer.type", f"1-bit Adam is not compatible with ZeRO (zero_optimization.stage = {stage}); "
@@ -199,6 +209,7 @@ def onebitadam_with_zero(cfg: DSConfig) -> list[P]:
 
 
 def zero_untested_optimizer(cfg: DSConfig) -> list[P]:
+    """ZeRO with an optimizer other than Adam, AdamW, Adagrad needs zero_allow_untested_optimizer: true."""
     opt, stage = cfg.optimizer, cfg.zero_optimization.stage
     if opt is None or stage == 0 or opt.type in _ZERO_TESTED or opt.type == "onebitadam":
         return []
@@ -209,6 +220,7 @@ def zero_untested_optimizer(cfg: DSConfig) -> list[P]:
 
 
 def allgather_size_only_with_boolean_zero(cfg: DSConfig) -> list[P]:
+    """The top-level allgather_size is only read with the boolean form zero_optimization: true."""
     if "allgather_size" in cfg.model_fields_set:
         return [P("allgather_size", "only read with the deprecated form zero_optimization: true; set "
                   "zero_optimization.allgather_bucket_size instead", cfg.allgather_size)]  # fmt: skip
@@ -217,6 +229,7 @@ def allgather_size_only_with_boolean_zero(cfg: DSConfig) -> list[P]:
 
 # --------------------------------------------------------------------------------------------- optimizer
 def optimizer_name(cfg: DSConfig) -> list[P]:
+    """optimizer.type must be a known optimizer (the list is in the message)."""
     opt = cfg.optimizer
     if opt is None or opt.type in NATIVE_OPTIMIZERS or opt.type in TORCH_OPTIMIZERS:
         return []
@@ -231,6 +244,7 @@ def optimizer_name(cfg: DSConfig) -> list[P]:
 
 
 def optimizer_params(cfg: DSConfig) -> list[P]:
+    """optimizer.params: no max_grad_norm (use gradient_clipping); for native optimizers, known names and sane lr/eps/weight_decay/betas."""
     opt = cfg.optimizer
     if opt is None:
         return []
@@ -276,6 +290,7 @@ def _is_number_at_least(value: Any, low: float, inclusive: bool) -> bool:
 
 # --------------------------------------------------------------------------------------------- scheduler
 def scheduler_name_and_params(cfg: DSConfig) -> list[P]:
+    """scheduler.type must be known; native schedulers get their parameter names and required parameters checked."""
     sched = cfg.scheduler
     if sched is None:
         return []
@@ -310,6 +325,7 @@ def _scheduler_params(name: str, params: dict[str, Any]) -> list[P]:
 
 # --------------------------------------------------------------------------------------------- activation ckpt
 def contiguous_checkpointing(cfg: DSConfig) -> list[P]:
+    """contiguous_memory_optimization needs partition_activations and number_checkpoints."""
     ac = cfg.activation_checkpointing
     if not ac.contiguous_memory_optimization:
         return []
@@ -329,6 +345,7 @@ _SA = "sparse_attention"
 
 
 def sparse_attention_rules(cfg: DSConfig) -> list[P]:
+    """Section 8's parameter rules: fixed local/global divisibility and pattern counts, horizontal attention only bidirectional, global start/end index lists."""
     sa = cfg.sparse_attention
     problems: list[P] = []
     if isinstance(sa, FixedSparseAttentionConfig):
