@@ -129,7 +129,10 @@ def _publish(topology: Topology) -> None:
     )
 
 
+# The topology init_distributed last returned, and the world group it describes: a group that was
+# destroyed and re-created by someone else must be described afresh.
 _current: Topology | None = None
+_current_group: object = None
 
 
 def _already_initialised(auto_mpi_discovery: bool) -> Topology:
@@ -146,7 +149,7 @@ def _already_initialised(auto_mpi_discovery: bool) -> Topology:
             f"torch.distributed is already initialised as rank {rank} of {size}, but {found.source} says rank "
             f"{found.rank} of {found.world_size}; initialise the process group once, from one source"
         )
-    if _current is not None and (_current.rank, _current.world_size) == (rank, size):
+    if _current is not None and _current_group is dist.group.WORLD:
         return _current
     base = found or Discovered(rank, size, None, None, "torch.distributed")
     if base.local_rank is None or base.local_world_size is None:
@@ -185,9 +188,10 @@ def init_distributed(
     again, or after someone else initialised the process group, returns the existing topology after
     checking that its ranks agree with the launcher's.
     """
-    global _current
+    global _current, _current_group
     if dist.is_available() and dist.is_initialized():
         _current = _already_initialised(auto_mpi_discovery)
+        _current_group = dist.group.WORLD
         return _current
     backend = backend or _default_backend()
     if backend == "nccl" and not torch.cuda.is_available():
@@ -249,6 +253,7 @@ def init_distributed(
         device=device,
         source=found.source,
     )
+    _current_group = dist.group.WORLD
     _publish(_current)
     return _current
 

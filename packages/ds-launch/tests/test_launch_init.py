@@ -1,0 +1,116 @@
+"""init_distributed in this process: a world of one, idempotence, and its errors."""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+from ds_launch import LaunchEnvError, Topology, init_distributed  # noqa: E402
+
+LAUNCH_VARS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "LOCAL_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    """No launcher variables; init_distributed's own exports are undone afterwards."""
+    saved = dict(os.environ)
+    for name in list(os.environ):
+        if name in LAUNCH_VARS or name.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_")):
+            monkeypatch.delenv(name)
+    yield monkeypatch
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def test_plain_python_is_a_world_of_one(clean_env):
+    topo = init_distributed()
+    assert isinstance(topo, Topology)
+    assert (topo.rank, topo.local_rank, topo.world_size, topo.local_world_size) == (0, 0, 1, 1)
+    assert topo.source == "default" and topo.master_addr == "127.0.0.1" and topo.master_port > 0
+    assert topo.backend == ("nccl" if torch.cuda.is_available() else "gloo")
+    x = torch.ones(2, device=topo.device)
+    dist.all_reduce(x)
+    assert x.tolist() == [1.0, 1.0]
+    # Code written for torchrun/DeepSpeed reads the variables, so they are published.
+    assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["MASTER_PORT"]) == (
+        "0",
+        "0",
+        str(topo.master_port),
+    )
+    assert init_distributed() is topo
+    assert "rank 0/1" in topo.describe()
+
+
+def test_already_initialised_group_is_adopted(clean_env):
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    topo = init_distributed()
+    assert (topo.rank, topo.world_size, topo.local_world_size, topo.source) == (0, 1, 1, "torch.distributed")
+
+
+def test_already_initialised_group_must_match_the_launcher(clean_env):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    clean_env.setenv("RANK", "1")
+    clean_env.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        LaunchEnvError, match="already initialised as rank 0 of 1, but env:RANK says rank 1 of 2"
+    ):
+        init_distributed()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_nccl_without_cuda_says_use_gloo(clean_env):
+    with pytest.raises(LaunchEnvError, match="backend='gloo'"):
+        init_distributed(backend="nccl")
+
+
+def test_mpi_env_without_mpi4py_needs_master_vars(clean_env):
+    clean_env.setitem(sys.modules, "mpi4py", None)  # import fails as if it were not installed
+    clean_env.setenv("OMPI_COMM_WORLD_RANK", "0")
+    clean_env.setenv("OMPI_COMM_WORLD_SIZE", "2")
+    with pytest.raises(LaunchEnvError) as info:
+        init_distributed(timeout=timedelta(seconds=5))
+    message = str(info.value)
+    assert "MASTER_ADDR and MASTER_PORT are not set" in message
+    assert "mpi4py is not installed" in message and "pip install 'ds-launch[mpi]'" in message
+
+
+def test_mpi_env_without_mpi4py_uses_master_vars(clean_env):
+    clean_env.setitem(sys.modules, "mpi4py", None)
+    clean_env.setenv("OMPI_COMM_WORLD_RANK", "0")
+    clean_env.setenv("OMPI_COMM_WORLD_SIZE", "1")
+    clean_env.setenv("OMPI_COMM_WORLD_LOCAL_RANK", "0")
+    clean_env.setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+    topo = init_distributed(timeout=timedelta(seconds=20))
+    assert (topo.source, topo.world_size, topo.local_world_size) == ("env:OMPI", 1, 1)
+
+
+def test_pmix_without_mpi4py_says_what_to_install(clean_env):
+    clean_env.setitem(sys.modules, "mpi4py", None)
+    clean_env.setenv("PMIX_RANK", "0")
+    with pytest.raises(LaunchEnvError, match=r"pip install 'ds-launch\[mpi\]'"):
+        init_distributed()
+
+
+def test_env_launch_without_master_is_an_error(clean_env):
+    clean_env.setenv("RANK", "0")
+    clean_env.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        LaunchEnvError, match="MASTER_ADDR and MASTER_PORT are not set and the launcher did not"
+    ):
+        init_distributed()
