@@ -12,7 +12,7 @@ from ds_precision import (
     loss_scaler_from_config,
 )
 
-O, N = True, False
+O, N = True, False  # noqa: E741 (O = overflow, N = no overflow, as in the spec traces)
 
 
 def trace(scaler, pattern):
