@@ -46,8 +46,8 @@ def _scores(
     if not bias.empty:
         cols = bucket.cols[part]
         term = gather_bias(bias, block, bucket.heads[part, None], bucket.qrows[part, None], cols)
-        # (B', R, K, bs, bs) -> (B', R, bs, K * bs)
-        term = term.permute(0, 1, 3, 2, 4).reshape(term.shape[0], cols.shape[0], block, -1)
+        # (B', R, K, bs or 1, bs) -> (B', R, bs or 1, K * bs)
+        term = term.permute(0, 1, 3, 2, 4).reshape(term.shape[0], cols.shape[0], term.shape[3], -1)
         s.add_(term.to(s.dtype))
     if bucket.pad_bias is not None:
         s.add_(bucket.pad_bias[part].to(s.dtype))

@@ -1,0 +1,240 @@
+"""SparseSelfAttention against dense attention restricted to the layout: forward and gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _dense import dense_reference
+from ds_sparse_attn import (
+    BertSparseSelfAttention,
+    BigBirdSparsityConfig,
+    BSLongformerSparsityConfig,
+    DenseSparsityConfig,
+    FixedSparsityConfig,
+    LocalSlidingWindowSparsityConfig,
+    SparseSelfAttention,
+    VariableSparsityConfig,
+    _torch_attention,
+)
+
+BLOCK = 4
+HEADS = 3
+
+CONFIGS = {
+    "dense": lambda a: DenseSparsityConfig(HEADS, BLOCK),
+    "fixed": lambda a: FixedSparsityConfig(HEADS, BLOCK, num_local_blocks=2, attention=a),
+    "fixed-patterns": lambda a: FixedSparsityConfig(
+        HEADS,
+        BLOCK,
+        True,
+        num_local_blocks=4,
+        num_global_blocks=1,
+        attention=a,
+        num_different_global_patterns=3,
+    ),
+    "fixed-horizontal": lambda a: FixedSparsityConfig(
+        HEADS, BLOCK, num_local_blocks=3, horizontal_global_attention=a == "bidirectional", attention=a
+    ),
+    "variable": lambda a: VariableSparsityConfig(
+        HEADS,
+        BLOCK,
+        True,
+        num_random_blocks=1,
+        local_window_blocks=[1, 3],
+        global_block_indices=[2],
+        attention=a,
+    ),
+    "bigbird": lambda a: BigBirdSparsityConfig(HEADS, BLOCK, True, num_random_blocks=1, attention=a),
+    "bslongformer": lambda a: BSLongformerSparsityConfig(
+        HEADS, BLOCK, global_block_indices=[1, 5], attention=a
+    ),
+    "local": lambda a: LocalSlidingWindowSparsityConfig(HEADS, BLOCK, attention=a),
+}
+
+
+def inputs(
+    batch: int = 2, seq_len: int = 32, dim: int = 8, dtype: torch.dtype = torch.float32, seed: int = 0
+):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(batch, HEADS, seq_len, dim, generator=g, dtype=dtype).requires_grad_() for _ in range(3)
+    ]
+
+
+def grads(out: torch.Tensor, tensors: list[torch.Tensor], seed: int = 1) -> list[torch.Tensor]:
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed), dtype=out.dtype)
+    return list(torch.autograd.grad((out * weight).sum(), tensors))
+
+
+def assert_matches_dense(module: SparseSelfAttention, tensors, atol: float = 1e-5, **dense_kwargs) -> None:
+    rpe = dense_kwargs.get("rpe")
+    sparse_out = module(*tensors, **{k: v for k, v in dense_kwargs.items() if not k.startswith("_")})
+    kp = dense_kwargs.get("_kp_additive")
+    am = dense_kwargs.get("_am_additive")
+    dense_out = dense_reference(*tensors, module.master_layout, module.sparsity_config.block, rpe, kp, am)
+    torch.testing.assert_close(sparse_out, dense_out, atol=atol, rtol=1e-5)
+    leaves = list(tensors) + ([rpe] if rpe is not None and rpe.requires_grad else [])
+    for sparse_grad, dense_grad in zip(grads(sparse_out, leaves), grads(dense_out, leaves)):
+        torch.testing.assert_close(sparse_grad, dense_grad, atol=atol, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "unidirectional"])
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_every_layout_matches_dense(name: str, attention: str) -> None:
+    module = SparseSelfAttention(CONFIGS[name](attention), max_seq_length=32)
+    assert_matches_dense(module, inputs())
+
+
+@pytest.mark.parametrize("attention", ["bidirectional", "unidirectional"])
+@pytest.mark.parametrize("kp_mode", ["add", "mul"])
+@pytest.mark.parametrize("am_mode", ["add", "mul"])
+def test_masks_and_rpe_match_dense(attention: str, kp_mode: str, am_mode: str) -> None:
+    config = BigBirdSparsityConfig(HEADS, BLOCK, True, num_random_blocks=1, attention=attention)
+    module = SparseSelfAttention(
+        config, key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode, max_seq_length=64
+    )
+    g = torch.Generator().manual_seed(5)
+    seq_len = 32
+    rpe = torch.randn(HEADS, seq_len, seq_len, generator=g).requires_grad_()
+    if kp_mode == "mul":
+        kp = (torch.rand(2, seq_len, generator=g) > 0.3).float()
+        kp[:, 0] = 1  # every row keeps at least its global key
+        kp_additive = torch.zeros_like(kp).masked_fill(kp == 0, float("-inf"))
+    else:
+        kp = torch.randn(2, 1, 1, seq_len, generator=g)  # BERT's extended mask shape, squeezed to (B, L)
+        kp_additive = kp.view(2, seq_len)
+    if am_mode == "mul":
+        am = (torch.rand(seq_len, seq_len, generator=g) > 0.3).int()
+        am[:, 0] = 1
+        am_additive = torch.zeros(seq_len, seq_len).masked_fill(am == 0, float("-inf"))
+    else:
+        am = torch.randn(1, seq_len, seq_len, generator=g)
+        am_additive = am.view(seq_len, seq_len)
+    assert_matches_dense(
+        module,
+        inputs(),
+        rpe=rpe,
+        key_padding_mask=kp,
+        attn_mask=am,
+        _kp_additive=kp_additive,
+        _am_additive=am_additive,
+    )
+
+
+@pytest.mark.parametrize("shape", [(32, 32), (1, 1, 32, 32), (2, HEADS, 32, 32)])
+def test_rpe_shapes(shape: tuple[int, ...]) -> None:
+    module = SparseSelfAttention(FixedSparsityConfig(HEADS, BLOCK, num_local_blocks=2), max_seq_length=32)
+    rpe = torch.randn(shape, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    assert_matches_dense(module, inputs(), rpe=rpe)
+
+
+def test_many_chunks_and_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    # tiny chunks: every bucket is processed in several pieces; BigBird global rows form their own bucket
+    monkeypatch.setattr(_torch_attention, "_CHUNK_SCORE_ELEMS", 1000)
+    config = BigBirdSparsityConfig(HEADS, BLOCK, True, num_random_blocks=1, num_global_blocks=2)
+    module = SparseSelfAttention(config, max_seq_length=64)
+    plan = module._plan(64, HEADS, torch.device("cpu"))
+    assert len(plan.buckets) >= 2
+    assert_matches_dense(module, inputs(seq_len=64), rpe=torch.randn(64, 64).requires_grad_())
+
+
+def test_gradcheck_float64() -> None:
+    config = VariableSparsityConfig(2, 2, True, num_random_blocks=1, local_window_blocks=[2])
+    module = SparseSelfAttention(config, max_seq_length=8)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 2, 8, 3, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3)
+    )
+    rpe = torch.randn(8, 8, dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda q, k, v, r: module(q, k, v, rpe=r), (q, k, v, rpe))
+
+
+def test_fully_masked_row_gives_zeros_not_nan() -> None:
+    module = SparseSelfAttention(
+        LocalSlidingWindowSparsityConfig(1, BLOCK), key_padding_mask_mode="mul", max_seq_length=16
+    )
+    q, k, v = (torch.randn(1, 1, 16, 4, requires_grad=True) for _ in range(3))
+    kp = torch.ones(1, 16)
+    kp[0, :4] = 0  # query block 0 sees only key block 0, now fully masked
+    out = module(q, k, v, key_padding_mask=kp)
+    assert torch.equal(out[0, 0, :4], torch.zeros(4, 4))
+    out.sum().backward()
+    assert torch.isfinite(q.grad).all() and torch.isfinite(k.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_on_cpu(dtype: torch.dtype) -> None:
+    module = SparseSelfAttention(FixedSparsityConfig(HEADS, BLOCK, num_local_blocks=2), max_seq_length=16)
+    tensors = inputs(batch=1, seq_len=16, dim=4, dtype=dtype)
+    out = module(*tensors)
+    assert out.dtype == dtype
+    reference = dense_reference(*(t.detach().float() for t in tensors), module.master_layout, BLOCK)
+    torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()
+    assert all(t.grad is not None and t.grad.dtype == dtype for t in tensors)
+
+
+def test_default_module_works_with_any_head_count() -> None:
+    module = SparseSelfAttention()
+    assert module.master_layout.shape == (4, 128, 128)
+    q, k, v = (torch.randn(1, 6, 64, 8) for _ in range(3))
+    out = module(q, k, v)
+    dense = dense_reference(q, k, v, module.master_layout[:1].expand(6, -1, -1), 16)
+    torch.testing.assert_close(out, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_key_given_transposed() -> None:
+    module = SparseSelfAttention(FixedSparsityConfig(HEADS, BLOCK), max_seq_length=32)
+    q, k, v = (t.detach() for t in inputs())
+    torch.testing.assert_close(module(q, k.transpose(-1, -2), v), module(q, k, v))
+
+
+def test_input_errors() -> None:
+    module = SparseSelfAttention(FixedSparsityConfig(HEADS, BLOCK), max_seq_length=32)
+    q = torch.randn(1, HEADS, 30, 8)
+    with pytest.raises(
+        ValueError, match="Sequence Length, 30, needs to be dividable by Block size 4!.*pad_to_block_size"
+    ):
+        module(q, q, q)
+    q = torch.randn(1, HEADS, 16, 8)
+    with pytest.raises(NotImplementedError, match="only self-attention"):
+        module(q, q, torch.randn(1, HEADS, 16, 4))
+    long = torch.randn(1, HEADS, 64, 8)
+    with pytest.raises(ValueError, match="max_seq_length"):
+        module(long, long, long)
+    with pytest.raises(ValueError, match="attn_mask must be a 2-D"):
+        module(q, q, q, attn_mask=torch.ones(2, 16, 16))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        module(q, q, q, key_padding_mask=torch.ones(1, 15))
+    with pytest.raises(ValueError, match="key_padding_mask_mode"):
+        SparseSelfAttention(key_padding_mask_mode="multiply")
+    per_head = SparseSelfAttention(FixedSparsityConfig(2, BLOCK, True), max_seq_length=32)
+    with pytest.raises(ValueError, match="num_heads=3"):
+        per_head(q, q, q)
+
+
+def test_numba_backend_without_gpu_is_refused() -> None:
+    module = SparseSelfAttention(FixedSparsityConfig(HEADS, BLOCK), max_seq_length=16, backend="numba")
+    q = torch.randn(1, HEADS, 16, 8)
+    with pytest.raises((RuntimeError, ImportError), match="numba|CUDA"):
+        module(q, q, q)
+
+
+def test_bert_sparse_self_attention() -> None:
+    config = type("Cfg", (), {"hidden_size": 12, "num_attention_heads": 3, "max_position_embeddings": 64})()
+    layer = BertSparseSelfAttention(config, FixedSparsityConfig(3, BLOCK, num_local_blocks=2))
+    hidden = torch.randn(2, 16, 12)
+    mask = torch.zeros(2, 1, 1, 16)
+    mask[1, ..., 12:] = -10000.0
+    out = layer(hidden, mask)
+    assert out.shape == (2, 16, 12)
+    q, k, v = (layer.transpose_for_scores(proj(hidden)) for proj in (layer.query, layer.key, layer.value))
+    dense = dense_reference(
+        q, k, v, layer.sparse_self_attention.master_layout, BLOCK, key_padding=mask.view(2, 16)
+    )
+    torch.testing.assert_close(out, dense.permute(0, 2, 1, 3).reshape(2, 16, 12), atol=1e-5, rtol=1e-5)
+    bad = type("Cfg", (), {"hidden_size": 10, "num_attention_heads": 3})()
+    with pytest.raises(
+        ValueError, match=r"The hidden size \(10\) is not a multiple of the number of attention heads \(3\)"
+    ):
+        BertSparseSelfAttention(bad)
