@@ -9,7 +9,7 @@ from ds_config import ConfigError, DSConfig, derive_batch_sizes, load_config
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-SETTINGS = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 BASE = json.loads((Path(__file__).parent / "configs" / "zero2_fp16.json").read_text())
 
 json_scalars = (

@@ -183,3 +183,9 @@ def test_torch_optimizer_names_are_case_sensitive_and_kept_verbatim():
     assert cfg.optimizer.type == "SGD"
     cfg = load_config({**BASE, "optimizer": {"type": "ONEBITADAM"}})
     assert cfg.optimizer.type == "onebitadam"
+
+
+def test_batch_sizes_checked_even_when_a_section_is_invalid():
+    error = _problems({"train_micro_batch_size_per_gpu": 3.0, "fp16": {"enabled": "yes"}})
+    assert error.paths == ["fp16.enabled", "train_batch_size"]
+    assert "8 != 3 * 2 * 1" in str(error)

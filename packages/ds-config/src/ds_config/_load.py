@@ -56,30 +56,37 @@ def load_config(
             )
             for path in prep.auto_paths
         ]
+    world = 1 if world_size is None else world_size
     try:
         cfg = DSConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(problems + _translate(exc), origin) from None
+        # Cross-key rules need a whole valid config, but the batch sizes only need their own three keys.
+        problems += _translate(exc)
+        if not any(p.path in _BATCH_KEYS for p in problems):
+            raw = (data.get(key) for key in _BATCH_ORDER)  # valid JSON integers, possibly written as 32.0
+            _derive(*(int(v) if isinstance(v, float) else v for v in raw), world, world_size_source, problems)
+        raise ConfigError(problems, origin) from None
     problems += check_rules(cfg)
     batch = None
     if not any(p.path in _BATCH_KEYS for p in problems):
-        try:
-            batch = derive_batch_sizes(
-                cfg.train_batch_size,
-                cfg.train_micro_batch_size_per_gpu,
-                cfg.gradient_accumulation_steps,
-                1 if world_size is None else world_size,
-                world_size_source,
-            )
-        except ConfigError as exc:
-            problems += exc.problems
-    if problems:
+        batch = _derive(*(getattr(cfg, key) for key in _BATCH_ORDER), world, world_size_source, problems)
+    if problems or batch is None:
         raise ConfigError(problems, origin)
-    assert batch is not None  # every path without problems derived the batch sizes
     return _with_batch(cfg, batch)
 
 
-_BATCH_KEYS = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"}
+_BATCH_ORDER = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+_BATCH_KEYS = set(_BATCH_ORDER)
+
+
+def _derive(
+    tbs: int | None, mbs: int | None, gas: int | None, world: int, source: str, problems: list[ConfigProblem]
+) -> BatchSizes | None:
+    try:
+        return derive_batch_sizes(tbs, mbs, gas, world, source)
+    except ConfigError as exc:
+        problems += exc.problems
+        return None
 
 
 def _with_batch(cfg: DSConfig, batch: BatchSizes) -> DSConfig:
