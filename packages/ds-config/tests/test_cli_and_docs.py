@@ -59,3 +59,13 @@ def test_generated_reference_is_up_to_date():
     result = subprocess.run([sys.executable, str(REPO / "tools" / "gen_config_reference.py"), "--check"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def test_no_torch_import():
+    code = (
+        "import sys, ds_config; from ds_config._cli import main; "
+        f"main(['validate', {str(CONFIGS / 'zero2_fp16.json')!r}]); "
+        "assert 'torch' not in sys.modules, 'ds_config imported torch'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
