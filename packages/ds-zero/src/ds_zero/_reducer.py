@@ -1,0 +1,224 @@
+"""Stage 0: bucketed data-parallel all-reduce of gradients (spec section 5)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ._comm import AveragingRule, ProcessGroup, flatten, group_size, plan_buckets
+from ._sparse import reduce_sparse_grad
+
+__all__ = ["GradientReducer"]
+
+DEFAULT_BUCKET_ELEMS = 500_000_000
+
+
+@dataclass
+class _Bucket:
+    params: list[nn.Parameter]
+    pending: int = 0
+    flat: torch.Tensor | None = None
+    work: object | None = None
+    launched: bool = False
+
+
+class GradientReducer:
+    """Average gradients across data-parallel ranks at a gradient-accumulation boundary (ZeRO stage 0).
+
+    Dense gradients travel in flat buckets of one dtype each, at most ``bucket_size_elems`` elements
+    (a larger tensor travels alone). A parameter without a gradient contributes zeros, so every rank
+    reduces the same sizes, and afterwards holds the averaged (zero or not) gradient.
+
+    Usage per optimizer step: ``set_boundary(is_boundary)`` before each micro-step's backward, and
+    ``reduce()`` after the boundary micro-step's backward. With ``overlap_comm`` the buckets are
+    launched asynchronously from gradient hooks while the boundary backward is still running; the
+    buckets are launched in a fixed order on every rank, so a bucket that is ready early waits for
+    the ones before it. ``reduce()`` then launches what is left and waits for all of it.
+    """
+
+    def __init__(
+        self,
+        module_or_params: nn.Module | Iterable[nn.Parameter],
+        *,
+        process_group: ProcessGroup | None = None,
+        bucket_size_elems: int = DEFAULT_BUCKET_ELEMS,
+        fp32_allreduce: bool = False,
+        prescale_gradients: bool = False,
+        gradient_predivide_factor: float = 1.0,
+        sparse_gradients: bool = False,
+        overlap_comm: bool = False,
+    ) -> None:
+        if gradient_predivide_factor <= 0:
+            raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+        self.process_group = process_group
+        self.fp32_allreduce = fp32_allreduce
+        self.overlap_comm = overlap_comm
+        self.rule = AveragingRule(group_size(process_group), prescale_gradients, gradient_predivide_factor)
+        params, sparse = _collect(module_or_params, sparse_gradients)
+        self._sparse_params = sparse
+        self._buckets = _dense_buckets(
+            [p for p in params if id(p) not in {id(s) for s in sparse}], bucket_size_elems
+        )
+        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
+        self._armed = False
+        self._next_launch = 0
+        self._stream = None
+        self._hooks = []
+        if overlap_comm:
+            self._hooks = [
+                p.register_post_accumulate_grad_hook(self._on_grad_ready)
+                for b in self._buckets
+                for p in b.params
+            ]
+
+    @classmethod
+    def from_config(
+        cls,
+        module_or_params: nn.Module | Iterable[nn.Parameter],
+        config: object,
+        *,
+        process_group: ProcessGroup | None = None,
+    ) -> GradientReducer:
+        """Build from the whole DeepSpeed config model (top-level gradient keys + ``zero_optimization``)."""
+        zero = config.zero_optimization
+        return cls(
+            module_or_params,
+            process_group=process_group,
+            bucket_size_elems=int(zero.reduce_bucket_size),
+            fp32_allreduce=bool(config.fp32_allreduce),
+            prescale_gradients=bool(config.prescale_gradients),
+            gradient_predivide_factor=float(config.gradient_predivide_factor),
+            sparse_gradients=bool(config.sparse_gradients),
+            overlap_comm=bool(zero.overlap_comm),
+        )
+
+    @property
+    def bucket_sizes(self) -> list[int]:
+        """Elements per dense bucket, in launch order."""
+        return [sum(p.numel() for p in b.params) for b in self._buckets]
+
+    def set_boundary(self, is_boundary: bool) -> None:
+        """Say whether the coming backward ends an accumulation window (only then do hooks reduce)."""
+        self._armed = is_boundary and self.overlap_comm
+        self._next_launch = 0
+        for b in self._buckets:
+            b.pending = len(b.params)
+            b.launched = False
+
+    def reduce(self) -> None:
+        """Average every gradient across ranks; call once after the boundary micro-step's backward."""
+        if not self._armed:
+            self.set_boundary(False)  # reset bucket bookkeeping when hooks were not in use
+        while self._next_launch < len(self._buckets):
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+        for b in self._buckets:
+            self._finish(b)
+        for p in self._sparse_params:
+            p.grad = reduce_sparse_grad(
+                p.grad,
+                p.shape,
+                p.dtype,
+                p.device,
+                self.rule,
+                torch.float32 if self.fp32_allreduce else p.dtype,
+                self.process_group,
+            )
+        self._armed = False
+
+    def remove_hooks(self) -> None:
+        """Detach the gradient hooks installed for ``overlap_comm``."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def _on_grad_ready(self, param: nn.Parameter) -> None:
+        if not self._armed:
+            return
+        self._bucket_of[id(param)].pending -= 1
+        while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
+            self._launch(self._buckets[self._next_launch])
+            self._next_launch += 1
+
+    def _launch(self, b: _Bucket) -> None:
+        first = b.params[0]
+        dtype = torch.float32 if self.fp32_allreduce else first.dtype
+        shapes = [p.shape for p in b.params]
+        stream = self._side_stream(first.device)
+        if stream is None:
+            b.flat = flatten([p.grad for p in b.params], shapes, dtype, first.device)
+            self.rule.before(b.flat)
+            b.work = dist.all_reduce(b.flat, group=self.process_group, async_op=True)
+        else:
+            # the side stream must see the finished gradients before it reads them
+            stream.wait_stream(torch.cuda.current_stream(first.device))
+            with torch.cuda.stream(stream):
+                b.flat = flatten([p.grad for p in b.params], shapes, dtype, first.device)
+                self.rule.before(b.flat)
+                b.work = dist.all_reduce(b.flat, group=self.process_group, async_op=True)
+        b.launched = True
+
+    def _finish(self, b: _Bucket) -> None:
+        b.work.wait()
+        if self._stream is not None:
+            torch.cuda.current_stream(b.flat.device).wait_stream(self._stream)
+        self.rule.after(b.flat)
+        offset = 0
+        for p in b.params:
+            n = p.numel()
+            chunk = b.flat[offset : offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = chunk.to(p.dtype).clone()
+            else:
+                p.grad.copy_(chunk)
+            offset += n
+        b.flat, b.work = None, None
+
+    def _side_stream(self, device: torch.device):
+        if not (self.overlap_comm and device.type == "cuda"):
+            return None
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device=device)
+        return self._stream
+
+
+def _collect(module_or_params, sparse_gradients: bool) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+    """Trainable parameters (deduplicated, registration order) and the embedding weights to reduce sparsely."""
+    if isinstance(module_or_params, nn.Module):
+        params = [p for p in module_or_params.parameters() if p.requires_grad]
+        sparse = []
+        if sparse_gradients:
+            sparse = [
+                m.weight
+                for m in module_or_params.modules()
+                if isinstance(m, nn.Embedding | nn.EmbeddingBag) and m.weight.requires_grad
+            ]
+        return params, sparse
+    seen: set[int] = set()
+    params = []
+    for p in module_or_params:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            params.append(p)
+    if sparse_gradients:
+        raise ValueError(
+            "sparse_gradients needs the nn.Module (to find its nn.Embedding layers), "
+            "not a list of parameters: pass the model to GradientReducer"
+        )
+    return params, []
+
+
+def _dense_buckets(params: list[nn.Parameter], limit_elems: int) -> list[_Bucket]:
+    """Buckets per dtype, in reverse registration order (roughly the order backward produces grads)."""
+    by_dtype: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
+    for p in reversed(params):
+        by_dtype.setdefault((p.dtype, p.device), []).append(p)
+    buckets = []
+    for group in by_dtype.values():
+        for idx in plan_buckets([p.numel() for p in group], limit_elems):
+            buckets.append(_Bucket([group[i] for i in idx]))
+    return buckets

@@ -1,0 +1,114 @@
+"""Multi-process tests (gloo, world sizes 1, 2, 4): every configuration matches single-process training.
+
+Spawning is the expensive part, so each world size is one spawn that runs the whole configuration
+list plus the memory, overflow and checkpoint checks.
+"""
+
+from __future__ import annotations
+
+import _workers as w
+import pytest
+import torch
+from ds_testing import spawn
+
+FP32_TOL = 2e-6
+ROUNDTRIP_CFG = {"stage": 2, "reduce_bucket_size": 30, "clip": 0.1, "scaler": True, "optim": "adam"}
+
+
+def _world2_main(rank: int, world: int) -> dict:
+    return w.portable(
+        {
+            "configs": w.run_configs(rank, world, w.CONFIGS),
+            "memory": w.memory_check(rank, world),
+            "overflow": w.overflow_check(rank, world),
+            "saved": w.save_state(rank, world, ROUNDTRIP_CFG),
+        }
+    )
+
+
+def _other_world_main(rank: int, world: int, saved: dict, full: dict) -> dict:
+    saved, full = w.as_tensors(saved), w.as_tensors(full)
+    return w.portable(
+        {
+            "configs": w.run_configs(rank, world, w.CONFIGS),
+            "memory": w.memory_check(rank, world),
+            "loaded": w.load_state(rank, world, ROUNDTRIP_CFG, saved, full),
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def world2() -> list[dict]:
+    return w.as_tensors(spawn(_world2_main, 2, timeout_s=600))
+
+
+def _concatenate(saved_by_rank: list[dict]) -> dict[str, torch.Tensor]:
+    """Join every rank's unpadded slice in rank order: the whole flat space of each tensor."""
+    keys = saved_by_rank[0]["tensors"].keys()
+    return {k: torch.cat([s["tensors"][k] for s in saved_by_rank]) for k in keys}
+
+
+@pytest.fixture(scope="module")
+def other_worlds(world2) -> dict[int, list[dict]]:
+    saved = [r["saved"] for r in world2]
+    full = _concatenate(saved)
+    return {
+        ws: w.as_tensors(spawn(_other_world_main, ws, w.portable(saved[0]), w.portable(full), timeout_s=600))
+        for ws in (1, 4)
+    }
+
+
+def _results(world2, other_worlds, world_size: int) -> list[dict]:
+    return world2 if world_size == 2 else other_worlds[world_size]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("cfg", w.CONFIGS, ids=[c["name"] for c in w.CONFIGS])
+def test_matches_single_process(world2, other_worlds, world_size, cfg):
+    for rank, result in enumerate(_results(world2, other_worlds, world_size)):
+        diff = result["configs"][cfg["name"]]
+        assert diff <= cfg.get("tol", FP32_TOL), f"rank {rank}: max weight difference {diff}"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_optimizer_state_bytes_follow_zero_formula(world2, other_worlds, world_size):
+    for result in _results(world2, other_worlds, world_size):
+        for m in result["memory"]:
+            assert abs(m["state_bytes"] - m["formula_bytes"]) <= 0.01 * m["formula_bytes"], m
+            assert m["master_bytes"] == m["formula_bytes"] // 2, m
+            if m["stage"] == 2 and world_size > 1:
+                # stage 2 keeps its partition's gradient plus one bucket, never the whole gradient
+                assert m["grad_bytes"] < 4 * m["numel"], m
+
+
+def test_overflow_skips_step_on_every_rank(world2):
+    for result in world2:
+        o = result["overflow"]
+        assert o == {"stepped": False, "updates": [True], "scale": 512.0, "unchanged": True, "skipped": 1}
+
+
+def test_sharded_state_has_no_padding_and_covers_the_space(world2):
+    metas = [r["saved"]["meta"] for r in world2]
+    for g in range(len(metas[0]["groups"])):
+        numel = metas[0]["groups"][g]["numel"]
+        shards = [m["groups"][g]["shard"] for m in metas]
+        assert shards[0][0] == 0 and shards[-1][1] == numel
+        assert all(a[1] == b[0] for a, b in zip(shards, shards[1:]))
+        for r, m in enumerate(metas):
+            s0, s1 = m["groups"][g]["shard"]
+            tensors = world2[r]["saved"]["tensors"]
+            assert tensors[f"g{g}.master"].numel() == s1 - s0
+            assert tensors[f"g{g}.exp_avg"].numel() == s1 - s0
+        assert metas[0]["groups"][g]["scalars"]["step"] == 2
+    assert metas[0]["format"] == "ds-flat-shard/1"
+    assert metas[0]["groups"][0]["params"][0]["name"] == "emb.weight"
+
+
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_reload_at_other_world_size_continues_identically(world2, other_worlds, world_size):
+    expected = world2[0]["saved"]["final"]
+    for result in other_worlds[world_size]:
+        loaded = result["loaded"]
+        diff = max(float((loaded["final"][k] - v).abs().max()) for k, v in expected.items())
+        assert diff <= FP32_TOL, diff
+        assert loaded["scaler"] == world2[0]["saved"]["scaler"]
