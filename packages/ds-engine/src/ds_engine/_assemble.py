@@ -1,0 +1,146 @@
+"""How the packages are combined: one function, in a fixed order (docs/architecture.md says why)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import ds_checkpoint
+import ds_optim
+import ds_precision
+import ds_zero
+from ds_config import DSConfig
+from ds_launch import Topology
+
+logger = logging.getLogger("ds_engine")
+
+
+@dataclass
+class Parts:
+    """What ``assemble`` built. ``optimizer`` is the object the engine steps; ``reducer`` is set at stage 0."""
+
+    model: nn.Module
+    dtype: torch.dtype
+    optimizer: Any  # MixedPrecisionOptimizer | ZeroOptimizer | apex optimizer
+    basic_optimizer: torch.optim.Optimizer
+    scaler: Any | None
+    reducer: ds_zero.GradientReducer | None
+    scheduler: Any | None
+    dp_group: Any | None
+    dp_world_size: int
+
+
+def model_dtype(cfg: DSConfig) -> torch.dtype:
+    """The dtype the model's weights train in (amp keeps fp32 weights and casts inside forward)."""
+    if cfg.fp16.enabled:
+        return torch.float16
+    if cfg.bf16.enabled:
+        return torch.bfloat16
+    return torch.float32
+
+
+def assemble(model: nn.Module, cfg: DSConfig, topology: Topology, *, optimizer: Any = None,
+             model_parameters: Any = None, lr_scheduler: Any = None, mpu: Any = None) -> Parts:
+    """Build the training stack around ``model``. The order matters; each step says why it comes where it does."""
+    dp_group = mpu.get_data_parallel_group() if mpu is not None else None
+    dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
+
+    # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
+    dtype = model_dtype(cfg)
+    model.to(device=topology.device, dtype=dtype)
+    _broadcast_parameters(model, dp_group)
+
+    # 2. The optimizer exists before anything wraps it (a client optimizer wins over none, a config one over it).
+    params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    basic = _build_optimizer(cfg, params, optimizer, dp_group)
+
+    # 3. Precision: the loss scaler is handed to whichever wrapper reduces and steps.
+    scaler = ds_precision.loss_scaler_from_config(cfg.fp16) if cfg.fp16.enabled else None
+    names = ds_zero.names_of(model)
+
+    # 4. Reduction and partitioning wrap the optimizer (ZeRO re-points it at the rank's partition).
+    reducer = None
+    if cfg.amp.enabled:
+        model, wrapped = ds_precision.amp_initialize(model, basic, cfg.amp)
+    elif cfg.zero_optimization.stage in (1, 2):
+        wrapped = ds_zero.ZeroOptimizer.from_config(
+            basic, cfg.zero_optimization, process_group=dp_group, scaler=scaler,
+            clip_grad=cfg.gradient_clipping, allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
+            gradient_predivide_factor=cfg.gradient_predivide_factor,
+            prescale_gradients=cfg.prescale_gradients, fp32_allreduce=cfg.fp32_allreduce, param_names=names)
+    else:
+        wrapped = ds_precision.MixedPrecisionOptimizer(
+            basic, scaler=scaler, dtype=dtype, clip_grad=cfg.gradient_clipping, process_group=dp_group,
+            fp32_grad_accum=cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32", module=model)
+    if not cfg.amp.enabled and cfg.zero_optimization.stage == 0 and dp_world_size > 1:
+        reducer = ds_zero.GradientReducer.from_config(_reduction_targets(model, wrapped), cfg,
+                                                      process_group=dp_group)
+
+    # 5. The LR schedule steps the *wrapped* optimizer's groups (those are the ones that update weights).
+    scheduler = _build_scheduler(cfg, wrapped, lr_scheduler)
+
+    # 6. Activation checkpointing only changes forward, so it is independent of everything above.
+    ds_checkpoint.configure(mpu, deepspeed_config=cfg)
+    return Parts(model, dtype, wrapped, basic, scaler, reducer, scheduler, dp_group, dp_world_size)
+
+
+def _broadcast_parameters(model: nn.Module, group: Any) -> None:
+    """Every data-parallel rank starts from rank 0's weights (parameters only, as DeepSpeed)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    with torch.no_grad():
+        for p in model.parameters():
+            dist.broadcast(p.data, src=src, group=group)
+
+
+def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) -> torch.optim.Optimizer:
+    if cfg.optimizer is not None:
+        if client is not None and not callable(client):
+            logger.warning("both a config optimizer and a client optimizer were given: using the config's")
+        offload = cfg.zero_optimization.stage > 0 and _offload(cfg)
+        return ds_optim.optimizer_from_config(params, cfg.optimizer, process_group=dp_group, cpu_offload=offload)
+    if client is None:
+        raise ValueError("no optimizer: add an \"optimizer\" section to the config or pass "
+                         "initialize(optimizer=...)")
+    return client(params) if callable(client) and not isinstance(client, torch.optim.Optimizer) else client
+
+
+def _offload(cfg: DSConfig) -> bool:
+    zero = cfg.zero_optimization
+    device = getattr(zero.offload_optimizer, "device", None) if zero.offload_optimizer is not None else None
+    return bool(zero.cpu_offload) or getattr(device, "value", device) == "cpu"
+
+
+def _reduction_targets(model: nn.Module, wrapped: Any) -> nn.Module | list[nn.Parameter]:
+    """What stage 0 all-reduces: the model's grads, or, with fp32 gradient accumulation, the fp32 buffers.
+
+    With ``bf16.grad_accum_dtype == "fp32"`` the precision wrapper moves each micro-step's gradient into
+    an fp32 buffer and frees the model's; so the reducer gets one carrier parameter per model parameter
+    that shares the fp32 master's storage and whose ``.grad`` is the matching fp32 gradient view.
+    """
+    if not getattr(wrapped, "fp32_grad_accum", False):
+        return model
+    carriers = []
+    for flat in wrapped.groups:
+        for master, grad_view in zip(flat.masters, flat.grad_views):
+            carrier = nn.Parameter(master.detach(), requires_grad=True)
+            carrier.grad = grad_view
+            carriers.append(carrier)
+    return carriers
+
+
+def _build_scheduler(cfg: DSConfig, wrapped: Any, client: Any) -> Any:
+    """A config scheduler takes precedence over a client one (DeepSpeed); a client one may be a factory."""
+    if cfg.scheduler is not None:
+        if client is not None:
+            logger.warning("both a config scheduler and a client lr_scheduler were given: using the config's")
+        return ds_optim.scheduler_from_config(wrapped, cfg.scheduler)
+    if callable(client) and not hasattr(client, "step"):
+        return client(wrapped)
+    return client
