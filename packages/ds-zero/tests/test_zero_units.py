@@ -1,0 +1,139 @@
+"""In-process tests: layout, bucket plan, averaging formulas, option checks, from_config."""
+
+from __future__ import annotations
+
+import _workers as w
+import pytest
+import torch
+import torch.distributed as dist
+from ds_zero import GradientReducer, GroupLayout, LossScalerProtocol, ZeroConfigError, ZeroOptimizer
+from ds_zero._comm import AveragingRule, plan_buckets
+from torch import nn
+
+
+@pytest.fixture
+def world_of_one():
+    """A real one-process gloo group inside the test process."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_layout_pads_at_the_end_into_the_last_partition():
+    layout = GroupLayout.build([torch.Size([5, 3]), torch.Size([7])], dp=4)  # 22 elements
+    assert layout.padded_numel == 24 and layout.padded_numel % 8 == 0
+    assert layout.partition_numel == 6
+    assert [layout.shard(r) for r in range(4)] == [(0, 6), (6, 12), (12, 18), (18, 22)]
+    # the first parameter [0, 15) straddles ranks 0, 1 and 2
+    assert layout.owners(*layout.param_range(0)) == [(0, 0, 6), (1, 6, 12), (2, 12, 15)]
+    assert layout.owners(*layout.param_range(1)) == [(2, 15, 18), (3, 18, 22)]
+
+
+def test_layout_of_an_empty_group_is_all_padding():
+    layout = GroupLayout.build([], dp=3)
+    assert layout.numel == 0 and layout.padded_numel == 6
+    assert [layout.shard(r) for r in range(3)] == [(0, 0)] * 3
+
+
+def test_bucket_plan_bounds_elements_and_isolates_large_items():
+    assert plan_buckets([3, 3, 3, 10, 1, 1], 6) == [[0, 1], [2], [3], [4, 5]]
+    assert plan_buckets([], 6) == []
+    with pytest.raises(ValueError, match="at least 1"):
+        plan_buckets([1], 0)
+
+
+def test_averaging_rule_postscale_and_prescale():
+    post = AveragingRule(dp=4, prescale=False, predivide=2.0)
+    t = torch.full((3,), 8.0)
+    post.before(t)
+    assert t.tolist() == [4.0] * 3  # 1/predivide
+    assert post.after_factor() == 0.5  # predivide / dp
+    assert AveragingRule(dp=4, predivide=4.0).after_factor() == 1.0  # skipped when predivide == dp
+    pre = AveragingRule(dp=4, prescale=True, predivide=2.0)  # predivide ignored with prescale
+    t = torch.full((3,), 8.0)
+    pre.before(t)
+    assert t.tolist() == [2.0] * 3 and pre.after_factor() == 1.0
+
+
+def test_test_scaler_satisfies_the_protocol():
+    assert isinstance(w.HalvingScaler(), LossScalerProtocol)
+    assert not isinstance(object(), LossScalerProtocol)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"stage": 3}, "stages 1 and 2"),
+        ({"stage": 0}, "GradientReducer"),
+        ({"stage": 1, "fp32_allreduce": True}, "fp32_allreduce"),
+        ({"stage": 2, "gradient_predivide_factor": 2.0}, "gradient_predivide_factor != 1.0"),
+        ({"stage": 2, "prescale_gradients": True}, "pre-scale gradients"),
+        ({"stage": 1, "reduce_bucket_size": 0}, "reduce_bucket_size"),
+        ({"stage": 1, "clip_grad": -1.0}, "gradient_clipping"),
+    ],
+)
+def test_rejected_options_say_what_to_change(kwargs, message):
+    opt = torch.optim.Adam(nn.Linear(2, 2).parameters())
+    with pytest.raises(ZeroConfigError, match=message):
+        ZeroOptimizer(opt, **kwargs)
+
+
+def test_untested_optimizer_needs_the_flag(world_of_one):
+    model = nn.Linear(2, 2)
+    with pytest.raises(ZeroConfigError, match="zero_allow_untested_optimizer"):
+        ZeroOptimizer(torch.optim.Rprop(model.parameters()), stage=1)
+    zero = ZeroOptimizer(torch.optim.Rprop(model.parameters()), stage=1, allow_untested_optimizer=True)
+    assert zero.optimizer.param_groups[0]["params"][0].numel() == 6
+
+
+def test_from_config_maps_the_real_config_section(world_of_one):
+    ds_config = pytest.importorskip("ds_config")
+    cfg = ds_config.load_config(
+        {
+            "train_batch_size": 2,
+            "zero_optimization": {
+                "stage": 2,
+                "reduce_bucket_size": 5,
+                "allgather_bucket_size": 77,
+                "overlap_comm": True,
+                "reduce_scatter": False,
+                "allgather_partitions": False,
+                "offload_optimizer": {"device": "cpu"},
+            },
+        },
+        world_size=1,
+    )
+    model = nn.Linear(3, 3)
+    zero = ZeroOptimizer.from_config(
+        torch.optim.Adam(model.parameters()), cfg.zero_optimization, clip_grad=1.0
+    )
+    assert (zero.stage, zero.reduce_bucket_size, zero.allgather_bucket_size) == (2, 5, 77)
+    assert zero.overlap_comm and not zero.reduce_scatter and not zero.allgather_partitions
+    assert zero.cpu_offload and zero.contiguous_gradients  # offload forces contiguous gradients
+    assert zero.clip_grad == 1.0
+    reducer = GradientReducer.from_config(nn.Linear(3, 3), cfg)
+    assert reducer.bucket_sizes == [3, 9] and reducer.overlap_comm
+
+
+def test_memory_report_of_a_single_rank(world_of_one):
+    model = nn.Linear(10, 10)  # 110 elements, padded to 110 (divisible by 2)
+    zero = ZeroOptimizer(torch.optim.Adam(model.parameters()), stage=2, reduce_bucket_size=50)
+    zero.backward(model(torch.randn(3, 10)).sum())
+    assert zero.step()
+    rep = zero.memory_report()
+    assert rep.param_bytes == 110 * 4 and rep.master_param_bytes == 110 * 4
+    assert rep.optimizer_state_bytes == 2 * 110 * 4 + 4  # exp_avg, exp_avg_sq and the step counter
+    assert (
+        rep.total_bytes
+        == rep.param_bytes + rep.master_param_bytes + rep.grad_bytes + rep.optimizer_state_bytes
+    )
+
+
+def test_params_become_views_of_the_flat_buffer(world_of_one):
+    model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
+    before = [p.detach().clone() for p in model.parameters()]
+    zero = ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), stage=1)
+    flat = zero._groups[0].flat
+    for p, old in zip(model.parameters(), before):
+        assert p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+        assert torch.equal(p, old)
