@@ -79,7 +79,9 @@ def _full_optimizer_state(engine, stage: int) -> dict:
             offset = 0
             for param in params:
                 n = param.numel()
-                out[f"{key}.{engine.param_names[param]}"] = flat[offset : offset + n].view(param.shape).clone()
+                out[f"{key}.{engine.param_names[param]}"] = (
+                    flat[offset : offset + n].view(param.shape).clone()
+                )
                 offset += n
     return out
 
@@ -160,8 +162,8 @@ def _run_case(python: str, name: str, stage: int, dtype: str) -> None:
     codes = [p.wait(timeout=900) for p in procs]
     if any(codes):
         raise SystemExit(f"case {name}: worker exit codes {codes}")
-    # zero_to_fp32.py is DeepSpeed's recovery script (~30 KB); the tests do not need it.
-    for script in (out / "ckpt").glob("zero_to_fp32.py"):
+    # zero_to_fp32.py / zero_to_torch.py are DeepSpeed recovery scripts (~40 KB); tests do not need them.
+    for script in (out / "ckpt").glob("zero_to_*.py"):
         script.unlink()
     print(f"wrote {out}")
 

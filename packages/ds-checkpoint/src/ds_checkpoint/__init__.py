@@ -1,5 +1,6 @@
 """Activation checkpointing, and pickle-free training-state checkpoints that load at any world size."""
 
+from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed
 from ._errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -9,6 +10,7 @@ from ._errors import (
     ShardFormatError,
     TagValidationError,
 )
+from ._export import export_fp32
 from ._load import LoadedState, load_state, read_shard, resolve_checkpoint
 from ._save import save_state, validate_tag
 from .activation import (
@@ -37,10 +39,13 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "ClientStateError",
+    "DeepSpeedCheckpoint",
     "DeepSpeedImportError",
     "LoadedState",
     "ShardFormatError",
     "TagValidationError",
+    "export_fp32",
+    "load_deepspeed",
     "load_state",
     "read_shard",
     "resolve_checkpoint",

@@ -131,8 +131,12 @@ class LoadedState:
         opt = self.meta.get("optimizer")
         return opt["groups"] if opt else []
 
-    def read_shard(self, group: int, start: int, end: int) -> dict[str, torch.Tensor]:
+    def read_shard(
+        self, group: int, start: int, end: int, states: Sequence[str] | None = None
+    ) -> dict[str, torch.Tensor]:
         """Elements [start, end) of group ``group``'s flat space for every saved state (``master``, ...).
+
+        ``states`` restricts the result to those state names.
 
         Only the saved shards overlapping [start, end) are opened, and only the bytes of the
         overlap are read (plus the rest of their verification blocks).
@@ -148,7 +152,9 @@ class LoadedState:
         owners = [(int(r), *ranges[group]) for r, ranges in opt["shards"].items()]
         pieces = covering_pieces(owners, start, end, f"{self.path} group {group}")
         out = {}
-        for state in opt["tensors"]:
+        for state in opt["tensors"] if states is None else states:
+            if state not in opt["tensors"]:
+                raise KeyError(f"{self.path}: no optimizer state {state!r}; saved: {opt['tensors']}")
             name = f"g{group}.{state}"
             parts = []
             for owner, lo, hi in pieces:
