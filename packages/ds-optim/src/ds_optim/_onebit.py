@@ -109,9 +109,11 @@ class _TorchComm:
         return out
 
     def all_gather(self, row: torch.Tensor) -> torch.Tensor:
-        out = torch.empty((self.world_size, *row.shape), dtype=row.dtype, device=row.device)
-        dist.all_gather_into_tensor(out, row.contiguous(), group=self.group)
-        return out
+        # Flat output: gloo splits it along dim 0 and wants each piece shaped like ``row``.
+        out = torch.empty(self.world_size * row.numel(), dtype=row.dtype, device=row.device)
+        gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        gather(out, row.reshape(-1).contiguous(), group=self.group)
+        return out.view(self.world_size, *row.shape)
 
     def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
         for x in tensors:
