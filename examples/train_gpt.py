@@ -228,10 +228,11 @@ def plot_losses(history: History, baseline_nats: float, path: Path) -> None:
 
 
 def _ema(values: tuple[float, ...], beta: float) -> list[float]:
-    out, avg = [], values[0]
-    for v in values:
+    """Exponential moving average, bias-corrected as Adam's moments so it starts at the first value."""
+    out, avg = [], 0.0
+    for t, v in enumerate(values, start=1):
         avg = beta * avg + (1 - beta) * v
-        out.append(avg)
+        out.append(avg / (1 - beta**t))
     return out
 
 

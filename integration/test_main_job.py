@@ -1,0 +1,63 @@
+"""The main job (examples/train_gpt.py), shortened: the loss falls, checkpoints resume, the PNG is written."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from conftest import launch, read_json
+
+# a tiny model on a small slice of the corpus: tens of steps, seconds per run
+SHORT_RUN = [
+    "--model-size",
+    "tiny",
+    "--seq-len",
+    "64",
+    "--corpus-bytes",
+    "400000",
+    "--eval-every",
+    "10",
+    "--save-every",
+    "20",
+    "--sample-bytes",
+    "16",
+]
+INITIAL_LOSS = math.log(256)  # an untrained model's loss: uniform over 256 bytes
+
+
+def _mean(curve: list[list[float]]) -> float:
+    return sum(loss for _, loss in curve) / len(curve)
+
+
+def test_short_run_learns_checkpoints_and_resumes(tmp_path: Path, ws: int) -> None:
+    out = tmp_path / "run"
+    first = launch("main_train_gpt.py", *SHORT_RUN, "--steps", "30", "--out", str(out), num_procs=ws)
+    m = read_json(out / "metrics.json")
+    assert (m["start_step"], m["final_step"], m["world_size"]) == (0, 30, ws)
+    curve = m["train_curve"]
+    assert [step for step, _ in curve] == list(range(1, 31))
+    assert _mean(curve[-5:]) < _mean(curve[:5]) - 0.5, curve
+    assert m["val_curve"][-1][1] < m["val_curve"][0][1] < INITIAL_LOSS, m["val_curve"]
+    assert "validation loss" in first.stdout and "last checkpoint:" in first.stdout
+
+    png = out / "loss_curve.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    ckpts = out / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == "global_step30"
+    assert (ckpts / "global_step20" / "meta.json").is_file() and (
+        ckpts / "global_step30" / "meta.json"
+    ).is_file()
+
+    # resume at another world size: the sharded optimizer state is re-partitioned on load
+    resume_ws = 1 if ws > 1 else 2
+    launch(
+        "main_train_gpt.py", *SHORT_RUN, "--steps", "40", "--out", str(out), "--resume", num_procs=resume_ws
+    )
+    r = read_json(out / "metrics.json")
+    assert (r["start_step"], r["final_step"], r["world_size"]) == (30, 40, resume_ws)
+    assert r["train_curve"][:30] == curve  # the history came back from the checkpoint's client_state
+    assert [step for step, _ in r["train_curve"][30:]] == list(range(31, 41))
+    # a restored model continues near where it stopped; a fresh one would start at ln(256) = 5.55
+    assert abs(r["first_train_loss"] - _mean(curve[-5:])) < 0.3, (r["first_train_loss"], curve[-5:])
+    assert r["last_checkpoint"].endswith("global_step40")
+    assert (ckpts / "latest").read_text().strip() == "global_step40"
