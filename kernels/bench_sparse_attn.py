@@ -1,0 +1,178 @@
+"""Block-sparse attention (ds-sparse-attn) vs dense SDPA vs compiled FlexAttention, one run, markdown table.
+
+    .venv/bin/python kernels/bench_sparse_attn.py                      # CPU, seq 4096 and 16384
+    .venv/bin/python kernels/bench_sparse_attn.py --device cuda        # GPU: Numba kernels vs Flex vs SDPA
+    .venv/bin/python kernels/bench_sparse_attn.py --skip-dense-above 8192   # no 16384 dense run
+
+Every (method, sequence) case runs in a fresh subprocess so that its peak memory (CPU: peak RSS above the
+process's RSS after the inputs were created; CUDA: torch.cuda.max_memory_allocated above the inputs) is its
+own. Layout: FixedSparsityConfig, local window 4 blocks, 1 global block, block 64, bidirectional.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def _rss_kb() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _peak_mb(device: str, baseline: int) -> float:
+    if device == "cuda":
+        return (torch.cuda.max_memory_allocated() - baseline) / 2**20
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _time(fn, device: str, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_case(args: argparse.Namespace) -> dict:
+    """One method at one sequence length, in this process."""
+    from ds_sparse_attn import FixedSparsityConfig, SparseSelfAttention
+
+    torch.manual_seed(0)
+    device, seq = args.device, args.seq
+    dtype = getattr(torch, args.dtype)
+    config = FixedSparsityConfig(args.heads, args.block, num_local_blocks=4, num_global_blocks=1)
+    layout = config.make_layout(seq)
+    q, k, v = (
+        torch.randn(1, args.heads, seq, args.dim, device=device, dtype=dtype, requires_grad=True)
+        for _ in range(3)
+    )
+    grad = torch.randn_like(q)
+    result = {"method": args.method, "seq": seq, "density": float(layout.float().mean()), "compile_s": None}
+    if args.method == "ds-sparse-attn":
+        module = SparseSelfAttention(config, max_seq_length=seq).to(device)
+        attention = lambda q, k, v: module(q, k, v)  # noqa: E731
+    elif args.method == "sdpa-dense":
+        attention = torch.nn.functional.scaled_dot_product_attention
+    else:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        blocks = layout[0].to(device).bool()
+        block = args.block
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return blocks[q_idx // block, kv_idx // block]
+
+        block_mask = create_block_mask(mask_mod, None, None, seq, seq, device=device, BLOCK_SIZE=block)
+        compiled = torch.compile(flex_attention, dynamic=False)
+        attention = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)  # noqa: E731
+        start = time.perf_counter()
+        attention(q, k, v).backward(grad)  # compiles forward and backward
+        _sync(device)
+        result["compile_s"] = time.perf_counter() - start
+        q.grad = k.grad = v.grad = None
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        baseline = torch.cuda.memory_allocated()
+    else:
+        baseline = _rss_kb()
+
+    def forward() -> None:
+        with torch.no_grad():
+            attention(q, k, v)
+
+    def forward_backward() -> None:
+        attention(q, k, v).backward(grad)
+
+    forward()  # warm-up (first-call costs: layout plan, kernel JIT)
+    result["fwd_s"] = _time(forward, device, args.repeats)
+    result["fwd_peak_mb"] = _peak_mb(device, baseline)
+    forward_backward()
+    result["fwd_bwd_s"] = _time(forward_backward, device, args.repeats)
+    result["fwd_bwd_peak_mb"] = _peak_mb(device, baseline)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--block", type=int, default=64)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", default=["ds-sparse-attn", "flex-compiled", "sdpa-dense"])
+    parser.add_argument(
+        "--skip-dense-above", type=int, default=None, help="skip dense SDPA above this length"
+    )
+    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--method", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(run_case(args)))
+        return
+    rows = []
+    for seq in args.seqs:
+        for method in args.methods:
+            if method == "sdpa-dense" and args.skip_dense_above and seq > args.skip_dense_above:
+                continue
+            command = [sys.executable, __file__, "--case", "--seq", str(seq), "--method", method]
+            for name in ("device", "heads", "dim", "block", "dtype", "repeats"):
+                command += [f"--{name}", str(getattr(args, name))]
+            done = subprocess.run(command, capture_output=True, text=True)
+            if done.returncode != 0:
+                print(f"{method} at {seq} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
+                continue
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            print(f"done: {method} {seq}", file=sys.stderr)
+    print_table(rows, args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
+    print(
+        f"\n{args.device}, {args.dtype}, batch 1, {args.heads} heads, head dim {args.dim}, block {args.block}, "
+        f"fixed layout (4 local blocks, 1 global), median of {args.repeats}\n"
+    )
+    print(
+        "| seq | method | density | fwd ms | fwd+bwd ms | fwd peak MB | fwd+bwd peak MB | compile s | fwd speed-up vs dense | ideal (1/density) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    dense = {r["seq"]: r for r in rows if r["method"] == "sdpa-dense"}
+    for r in rows:
+        base = dense.get(r["seq"])
+        speedup = f"{base['fwd_s'] / r['fwd_s']:.2f}x" if base else "-"
+        compile_s = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
+        print(
+            f"| {r['seq']} | {r['method']} | {r['density']:.3f} | {r['fwd_s'] * 1e3:.0f} | {r['fwd_bwd_s'] * 1e3:.0f} | "
+            f"{r['fwd_peak_mb']:.0f} | {r['fwd_bwd_peak_mb']:.0f} | {compile_s} | {speedup} | {1 / r['density']:.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()
