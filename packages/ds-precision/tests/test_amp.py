@@ -20,10 +20,18 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+def _amp_section(**fields):
+    try:
+        from ds_config import AmpConfig  # the real section model once it exists
+    except ImportError:
+        return SimpleNamespace(**fields)
+    return AmpConfig(**fields)
+
+
 def _setup(level, **extra):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    return amp_initialize(model, opt, SimpleNamespace(enabled=True, opt_level=level, **extra))
+    return amp_initialize(model, opt, _amp_section(enabled=True, opt_level=level, **extra))
 
 
 def _train(model, opt, n=3):

@@ -91,6 +91,8 @@ def amp_initialize(
     """
     options = {**(_as_dict(config) if config is not None else {}), **kwargs}
     options.pop("enabled", None)
+    # a section model lists every known key, unset ones as None: None means "the level's default"
+    options = {k: v for k, v in options.items() if v is not None}
     apex_amp = _apex_amp()
     if apex_amp is not None:
         return apex_amp.initialize(model, optimizer, **options)

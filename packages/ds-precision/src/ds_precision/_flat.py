@@ -25,6 +25,9 @@ class FlatGroup:
     flat_master: torch.Tensor
     flat_grad: torch.Tensor | None
     grad_views: list[torch.Tensor] | None
+    # the model's params re-pointed into one low-precision buffer (when they share a dtype), so the
+    # copy-back after a step is one contiguous copy instead of one per parameter
+    flat_model: torch.Tensor | None = None
     # per param: did a micro-step accumulate a gradient into flat_grad since the last zero_grad
     accumulated: list[bool] = field(default_factory=list)
 
@@ -82,5 +85,28 @@ def build_flat_group(
     for m, g in zip(masters, grad_views):
         m.grad = g
     return FlatGroup(
-        list(params), masters, names, offsets, flat_master, flat_grad, grad_views, [False] * len(params)
+        list(params),
+        masters,
+        names,
+        offsets,
+        flat_master,
+        flat_grad,
+        grad_views,
+        flat_model=_flatten_model_params(params, offsets, total),
+        accumulated=[False] * len(params),
     )
+
+
+def _flatten_model_params(
+    params: list[torch.nn.Parameter], offsets: list[int], total: int
+) -> torch.Tensor | None:
+    """Re-point same-dtype model params into one flat buffer; ``None`` when their dtypes differ."""
+    dtype = params[0].dtype
+    if any(p.dtype != dtype for p in params):
+        return None
+    flat = torch.empty(total, dtype=dtype, device=params[0].device)
+    for p, o in zip(params, offsets):
+        view = flat[o : o + p.numel()].view_as(p)
+        view.copy_(p.detach())
+        p.data = view
+    return flat

@@ -195,8 +195,10 @@ class MixedPrecisionOptimizer:
                 "MixedPrecisionOptimizer.step does not take a closure: run forward/backward first"
             )
         live = [self._live(flat) for flat in self.groups]
-        sources = [g for grads, _, _ in live for g in grads]
-        scaled_norm = self._global_norm(sources)
+        self._copy_grads_to_master(live)
+        # the norm of the fp32 copies: the values the update will use (and faster than reading
+        # low-precision grads with an fp32 accumulator on CPU)
+        scaled_norm = self._global_norm([g for _, master_grads, _ in live for g in master_grads])
         self.global_steps += 1
         self.overflow = scaled_norm is None
         if self.overflow:
@@ -209,7 +211,7 @@ class MixedPrecisionOptimizer:
             clip = (self.global_grad_norm + CLIP_EPS) / self.clip_grad
             if clip > 1:
                 combined = clip * scale
-        self._load_master_grads(live, 1.0 / combined)
+        self._unscale_and_clip(live, 1.0 / combined)
         self.optimizer.step()
         self._copy_back(live)
         if self.scaler is not None:
@@ -268,28 +270,34 @@ class MixedPrecisionOptimizer:
         if dist.get_world_size(self.process_group) > 1:
             dist.all_reduce(t, op=op, group=self.process_group)
 
-    def _load_master_grads(self, live: list[tuple], inv_scale: float) -> None:
-        """Bring the gradients into the fp32 master grads, unscaled and clipped in one multiply."""
-        masters = []
+    def _copy_grads_to_master(self, live: list[tuple]) -> None:
+        """Copy the model's (scaled) low-precision gradients into the fp32 master gradients."""
+        if self.fp32_grad_accum:
+            return  # the backward hooks already accumulated them there
         for (grads, master_grads, _), flat in zip(live, self.groups):
-            if not grads:
-                continue
-            if not flat.aliased and not self.fp32_grad_accum:
+            if grads and not flat.aliased:
                 torch._foreach_copy_(master_grads, grads)
-            masters.extend(master_grads)
+
+    def _unscale_and_clip(self, live: list[tuple], inv_scale: float) -> None:
+        """Spec section 5: one multiply by 1/combined both unscales and clips."""
+        masters = [g for _, master_grads, _ in live for g in master_grads]
         if masters and inv_scale != 1.0:
             torch._foreach_mul_(masters, inv_scale)
 
     def _copy_back(self, live: list[tuple]) -> None:
         """Copy the updated fp32 weights into the model's low-precision weights."""
         dst, src = [], []
-        for (_, _, idx), flat in zip(live, self.groups):
-            if flat.aliased:
-                continue
-            dst.extend(flat.model_params[i].data for i in idx)
-            src.extend(flat.masters[i].data for i in idx)
-        if dst:
-            torch._foreach_copy_(dst, src)
+        with torch.no_grad():
+            for (_, _, idx), flat in zip(live, self.groups):
+                if flat.aliased:
+                    continue
+                if flat.flat_model is not None and len(idx) == len(flat.masters):
+                    flat.flat_model.copy_(flat.flat_master)  # one contiguous copy
+                    continue
+                dst.extend(flat.model_params[i].data for i in idx)
+                src.extend(flat.masters[i].data for i in idx)
+            if dst:
+                torch._foreach_copy_(dst, src)
 
     def _skip(self, live: list[tuple]) -> None:
         self.global_grad_norm = None

@@ -19,7 +19,7 @@ __all__ = [
 
 # A run that overflows this many steps in a row with nothing left to lower is stuck: every step is
 # being skipped, so continuing only burns compute.
-DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE = 20
+DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE = 10  # = ds_config FP16Config.max_overflows_at_min_scale
 SCALE_FACTOR = 2.0
 
 
