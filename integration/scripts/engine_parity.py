@@ -1,0 +1,133 @@
+"""Train a small model under many configs in one job; rank 0 writes the per-step global losses as JSON.
+
+Every rank takes its slice of the same global batch, so any world size (and a single process with a
+``micro batch * world size`` micro batch) must produce the same losses. Used by test_engine_parity.py.
+Usage: ds-launch --num_procs W engine_parity.py OUT.json [--only NAME] [--save DIR --save-at K] [--load DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+import torch.distributed as dist
+
+import ds_engine
+
+GLOBAL_BATCH = 16
+STEPS = 6
+WARMUP = 2
+PRECISIONS = {"fp32": {}, "bf16": {"bf16": {"enabled": True}},
+              "fp16": {"fp16": {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 2}}}
+
+
+def configs() -> dict[str, dict]:
+    out = {}
+    for stage, prec, gas in itertools.product((0, 1, 2), PRECISIONS, (1, 4)):
+        cfg = {"train_batch_size": GLOBAL_BATCH, "gradient_accumulation_steps": gas, "steps_per_print": 1000,
+               "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": WARMUP, "warmup_max_lr": 3e-3,
+                                                            "warmup_type": "linear"}},
+               "gradient_clipping": 0.5,
+               "zero_optimization": {"stage": stage, "reduce_bucket_size": 200, "allgather_bucket_size": 300},
+               **PRECISIONS[prec]}
+        out[f"stage{stage}-{prec}-gas{gas}"] = cfg
+    return out
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(1234)
+    return torch.nn.Sequential(torch.nn.Embedding(32, 12), torch.nn.Flatten(), torch.nn.Linear(48, 24),
+                               torch.nn.GELU(), torch.nn.Linear(24, 32))
+
+
+def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step % 2)  # two batches in turn: the loss must fall
+    x = torch.randint(0, 32, (GLOBAL_BATCH, 4), generator=g)
+    return x, (x.sum(1) * 7) % 32  # a learnable target
+
+
+def run(cfg: dict, steps: range, save: str | None, save_at: int | None, load: str | None) -> list[float]:
+    engine, *_ = ds_engine.initialize(model=model(), config=cfg)
+    if load:
+        engine.load_checkpoint(load)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gas, mbs = engine.gradient_accumulation_steps(), engine.train_micro_batch_size_per_gpu()
+    losses = []
+    for step in steps:
+        x, y = data(step)
+        total = torch.zeros(())
+        for micro in range(gas):
+            lo = (micro * world + rank) * mbs  # this rank's slice of the global batch
+            logits = engine(x[lo:lo + mbs])
+            loss = torch.nn.functional.cross_entropy(logits.float(), y[lo:lo + mbs])
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach() / gas
+        dist.all_reduce(total)
+        losses.append(total.item() / world)
+        if save and save_at == step + 1:
+            engine.save_checkpoint(save, tag=f"step{step + 1}")
+    return losses
+
+
+def reference(cfg: dict, steps: range) -> list[float]:
+    """The same training in plain torch on one process: AdamW, linear warm-up, clipping (fp32 only)."""
+    net = model()
+    opt = torch.optim.AdamW(net.parameters(), lr=3e-3, weight_decay=0.01)
+    gas = cfg["gradient_accumulation_steps"]
+    mbs = GLOBAL_BATCH // gas
+    losses = []
+    for i, step in enumerate(steps):
+        for group in opt.param_groups:  # WarmupLR (V19): lr of iteration max(0, i - 1), set from construction
+            group["lr"] = 3e-3 * min(1.0, max(0, i - 1) / WARMUP)
+        x, y = data(step)
+        total = 0.0
+        for micro in range(gas):
+            loss = torch.nn.functional.cross_entropy(net(x[micro * mbs:(micro + 1) * mbs]), y[micro * mbs:(micro + 1) * mbs])
+            (loss / gas).backward()
+            total += loss.item() / gas
+        norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in net.parameters())).item()
+        for p in net.parameters():  # spec section 5: clip coefficient max / (norm + 1e-6)
+            p.grad.mul_(min(1.0, 0.5 / (norm + 1e-6)))
+        opt.step()
+        opt.zero_grad()
+        losses.append(total)
+    return losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--only", action="append")
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--save")
+    parser.add_argument("--save-at", type=int)
+    parser.add_argument("--load")
+    parser.add_argument("--reference", action="store_true", help="plain torch, one process, fp32 configs")
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    results = {}
+    if args.reference:
+        for name, cfg in configs().items():
+            if "fp32" in name and (not args.only or name in args.only):
+                results[name] = reference(cfg, range(args.start, args.start + args.steps))
+        with open(args.out, "w") as f:
+            json.dump({"world_size": 1, "losses": results}, f, indent=1)
+        return
+    for name, cfg in configs().items():
+        if args.only and name not in args.only:
+            continue
+        save = f"{args.save}/{name}" if args.save else None
+        load = f"{args.load}/{name}" if args.load else None
+        results[name] = run(cfg, range(args.start, args.start + args.steps), save, args.save_at, load)
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump({"world_size": dist.get_world_size(), "losses": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
