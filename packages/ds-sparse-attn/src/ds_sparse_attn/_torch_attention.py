@@ -41,8 +41,7 @@ def _scores(
     qg: torch.Tensor, kg: torch.Tensor, scale: float, bucket: Bucket, part: slice, bias: ScoreBias, block: int
 ) -> torch.Tensor:
     """scale * q.k + bias + padding for one chunk: (B, R, bs, K * bs)."""
-    s = torch.matmul(qg, kg.transpose(-1, -2))
-    s.mul_(scale)
+    s = torch.matmul(qg * scale, kg.transpose(-1, -2))  # scaling q is D/(K*bs) of the work of scaling s
     if not bias.empty:
         cols = bucket.cols[part]
         term = gather_bias(bias, block, bucket.heads[part, None], bucket.qrows[part, None], cols)
@@ -74,20 +73,21 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
         qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs, dim) for t in (q, k, v))
         bias = ScoreBias(rpe, key_padding, attn)
         out = torch.zeros_like(qf)  # rows without any block attend to nothing
-        lse = torch.full(qf.shape[:3], float("inf"), dtype=q.dtype, device=q.device)
+        need_lse = any(ctx.needs_input_grad[:4])
+        lse = torch.full(qf.shape[:3], float("inf"), dtype=q.dtype, device=q.device) if need_lse else None
         for bucket in plan.buckets:
             for part in _chunks(bucket, batch, bs):
                 rows, keys = bucket.rows[part], bucket.keys[part]
                 s = _scores(_gather_rows(qf, rows), _gather_rows(kf, keys), scale, bucket, part, bias, bs)
-                row_max = s.amax(-1, keepdim=True)
-                row_max = torch.where(torch.isinf(row_max), torch.zeros_like(row_max), row_max)
-                p = s.sub_(row_max).exp_()
-                denom = p.sum(-1, keepdim=True)
-                p.div_(denom.clamp_min(torch.finfo(p.dtype).tiny))  # fully masked rows: 0 / tiny = 0
+                if lse is not None:
+                    chunk_lse = torch.logsumexp(s, dim=-1)
+                    # +inf marks a fully masked row so that exp(s - lse) = 0 in the backward pass.
+                    lse.index_copy_(1, rows, chunk_lse.masked_fill_(chunk_lse == float("-inf"), float("inf")))
+                # torch's fused softmax: one pass instead of max/sub/exp/sum/div
+                p = torch.softmax(s, dim=-1)
+                if not bias.empty:
+                    p = p.nan_to_num_(0.0)  # rows masked out entirely: 0/0 -> attend to nothing
                 out.index_copy_(1, rows, torch.matmul(p, _gather_rows(vf, keys)))
-                # +inf marks a fully masked row so that exp(s - lse) = 0 in the backward pass.
-                chunk_lse = torch.where(denom > 0, row_max + denom.log(), float("inf")).squeeze(-1)
-                lse.index_copy_(1, rows, chunk_lse)
         ctx.save_for_backward(q, k, v, out, lse, rpe, key_padding, attn)
         ctx.plan, ctx.scale = plan, scale
         return out.view(batch, heads, length, dim)
