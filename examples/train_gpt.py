@@ -18,6 +18,7 @@ import argparse
 import copy
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,7 +37,7 @@ from data import Corpus, WindowSampler, eval_windows, load_corpus, nats_to_bits,
 from gpt import GPT, MODEL_PRESETS, GPTConfig  # noqa: E402
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "gpt_zero2.json"
-DEFAULT_STEPS = 600
+DEFAULT_STEPS = 300
 EVAL_WINDOWS = 64  # validation windows per evaluation, split across ranks
 SCHEDULES_WITH_TOTAL = ("WarmupDecayLR", "WarmupCosineLR")
 
@@ -66,9 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--resume", action="store_true", help="continue from the latest checkpoint in OUT/checkpoints"
     )
     p.add_argument(
-        "--eval-every", type=int, default=100, help="validation loss every N steps (and at the end)"
+        "--eval-every", type=int, default=50, help="validation loss every N steps (and at the end)"
     )
-    p.add_argument("--save-every", type=int, default=200, help="checkpoint every N steps (and at the end)")
+    p.add_argument("--save-every", type=int, default=100, help="checkpoint every N steps (and at the end)")
     p.add_argument(
         "--precision",
         choices=["auto", "bf16", "fp16", "fp32"],
@@ -250,6 +251,7 @@ class Trainer:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         topology = ds_engine.init_distributed()
+        _share_cpu_threads(topology)
         self.rank, self.world_size, self.device = topology.rank, topology.world_size, topology.device
         cfg, self.config_notes = ds_config_dict(args, self.device)
         torch.manual_seed(args.seed)  # the same initial weights on every rank (rank 0's are broadcast anyway)
@@ -318,7 +320,7 @@ class Trainer:
             )
         self.describe()
         start_step, first_loss = self.engine.global_steps, None
-        train_s, wall_start = 0.0, time.perf_counter()
+        train_s, train_cpu_s, wall_start = 0.0, 0.0, time.perf_counter()
         bar = tqdm(
             total=args.steps,
             initial=start_step,
@@ -329,9 +331,10 @@ class Trainer:
         )
         with logging_redirect_tqdm(loggers=[logging.getLogger("ds_engine")]):
             while self.engine.global_steps < args.steps:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 loss = self.train_step()
                 train_s += time.perf_counter() - t0
+                train_cpu_s += time.process_time() - c0
                 step = self.engine.global_steps
                 first_loss = loss if first_loss is None else first_loss
                 self.history.train.append([step, loss])
@@ -359,6 +362,7 @@ class Trainer:
             "final_val_loss_nats": self.history.val[-1][1],
             "unigram_baseline_nats": self.baseline,
             "train_seconds": train_s,
+            "rank0_train_cpu_seconds": train_cpu_s,
             "wall_seconds": time.perf_counter() - wall_start,
             "tokens_per_second": steps_run * self.tokens_per_step / train_s if steps_run else None,
             "tokens_per_step": self.tokens_per_step,
@@ -410,6 +414,15 @@ class Trainer:
             f"loss curve: {png}\nmetrics: {out / 'metrics.json'}\nlast checkpoint: {self.last_ckpt}",
             flush=True,
         )
+
+
+def _share_cpu_threads(topology: Any) -> None:
+    """On CPU, split the cores between this host's ranks unless OMP_NUM_THREADS says otherwise.
+
+    torch starts one thread per core in every process; ranks sharing a host would oversubscribe it.
+    """
+    if topology.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // topology.local_world_size))
 
 
 def main(argv: list[str] | None = None) -> None:
