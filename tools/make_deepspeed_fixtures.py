@@ -42,14 +42,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _build_model():
+def _build_model(dtype: str):
     import torch
 
     torch.manual_seed(0)
     # 29 trainable elements: not a multiple of 2*dp, so the last rank's partition carries padding.
-    return torch.nn.Sequential(
-        torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3), torch.nn.ReLU(), torch.nn.Linear(3, 2)
-    )
+    # BatchNorm (buffers) in fp32; CPU batch_norm rejects bf16 weights, so LayerNorm (same names) in bf16.
+    norm = torch.nn.LayerNorm(3) if dtype == "bf16" else torch.nn.BatchNorm1d(3)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), norm, torch.nn.ReLU(), torch.nn.Linear(3, 2))
 
 
 def _full_optimizer_state(engine, stage: int) -> dict:
@@ -94,7 +94,7 @@ def _worker(stage: int, dtype: str, out: Path) -> None:
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
-    model = _build_model()
+    model = _build_model(dtype)
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if not (n.endswith("weight") and p.dim() == 2)]
     optimizer = torch.optim.AdamW(
