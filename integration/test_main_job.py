@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pytest
+
 from conftest import launch, read_json
 
 # a tiny model on a small slice of the corpus: tens of steps, seconds per run
@@ -61,3 +63,31 @@ def test_short_run_learns_checkpoints_and_resumes(tmp_path: Path, ws: int) -> No
     assert abs(r["first_train_loss"] - _mean(curve[-5:])) < 0.3, (r["first_train_loss"], curve[-5:])
     assert r["last_checkpoint"].endswith("global_step40")
     assert (ckpts / "latest").read_text().strip() == "global_step40"
+
+
+def test_data_stream_is_the_same_at_any_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ranks 0..W-1 take at one step is what a single rank takes over the same windows."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "data.py"
+    spec = importlib.util.spec_from_file_location("main_job_data", path)
+    data = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, data)  # dataclasses look their module up there
+    spec.loader.exec_module(data)
+    WindowSampler = data.WindowSampler  # noqa: N806
+
+    text = torch.arange(1000, dtype=torch.int64).to(torch.uint8)
+    one, two = WindowSampler(text, 8, seed=3), WindowSampler(text, 8, seed=3)
+    for _ in range(3):  # each step: 1 rank x 4 windows == 2 ranks x 2 windows, drawn at the same position
+        x_single, y_single = one.next_batch(0, 1, 4)
+        position = two.position
+        x0, y0 = two.next_batch(0, 2, 2)
+        two.position = position  # rank 1 runs in another process, from the same position
+        x1, y1 = two.next_batch(1, 2, 2)
+        assert torch.equal(x_single, torch.cat([x0, x1])) and torch.equal(y_single, torch.cat([y0, y1]))
+        assert torch.equal(x_single[:, 1:], y_single[:, :-1])  # targets are the inputs shifted by one byte
+        assert one.position == two.position
+    assert len({tuple(row.tolist()) for row in x_single}) == 4  # distinct windows, not one repeated
