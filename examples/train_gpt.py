@@ -109,7 +109,7 @@ def ds_config_dict(args: argparse.Namespace, device: torch.device) -> tuple[dict
     cfg = json.loads(args.config.read_text())
     notes = []
     precision = args.precision
-    if precision == "auto" and args.config == DEFAULT_CONFIG:
+    if precision == "auto" and args.config.resolve() == DEFAULT_CONFIG:
         precision = "fp16" if device.type == "cuda" else "bf16"  # bf16 on CPU, fp16 with loss scaling on GPUs
     if precision != "auto":
         cfg.setdefault("fp16", {})["enabled"] = precision == "fp16"
