@@ -156,3 +156,28 @@ def test_onebit_adam_on_real_processes(world):
 
     # Loading a checkpoint resets the error buffers, recomputes the stage, keeps the current mask.
     assert onebit[0]["reload"] == {"had_errors": True, "errors_after": 0, "frozen": True, "mask_kept": True}
+
+
+@pytest.mark.mpi
+def test_onebit_compressed_allreduce_through_mpirun():
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("mpi4py")
+    mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
+    if mpirun is None:
+        pytest.skip("mpirun not installed")
+    script = Path(__file__).with_name("_mpi_onebit_script.py")
+    cmd = [mpirun, "-np", "2", "--oversubscribe", sys.executable, str(script)]
+    if os.geteuid() == 0:
+        cmd.insert(1, "--allow-run-as-root")
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["same"] and result["err"] <= 0.1 and result["bytes"] > 0
