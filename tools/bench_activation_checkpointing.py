@@ -11,8 +11,9 @@ Activation memory is measured two ways:
    still held when forward ends.
 2. Peak RSS delta (cross-check). Each mode runs one training step in a fresh subprocess (with
    glibc's ``MALLOC_MMAP_THRESHOLD_=65536``, so freed tensors go back to the OS); reported is the
-   peak resident set size minus the RSS just before the step (model, gradients and lazy
-   initialisation already done by a one-sequence warm-up step). It also counts transient buffers
+   peak anonymous resident memory minus the anonymous RSS just before the step (model, gradients
+   and lazy initialisation already done by a one-sequence warm-up step; shared-library pages,
+   which the kernel's peak also counts, are subtracted). It also counts transient buffers
    (e.g. gradients of activations in flight), so it is larger than (1).
 Step time is the median over interleaved steps (modes alternate, so load on a shared machine
 hits both alike), without the measuring hooks.
@@ -23,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -138,22 +138,32 @@ def measure_saved_bytes(model: Model, tokens: torch.Tensor) -> tuple[int, int]:
     return meter.peak_bytes, after_forward
 
 
-def _current_rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() // 1024
+def _memory_status_kib() -> dict[str, int]:
+    """VmHWM (peak RSS), RssAnon and RssFile of this process, from /proc/self/status."""
+    fields = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key in ("VmHWM", "RssAnon", "RssFile", "RssShmem"):
+                fields[key] = int(value.split()[0])
+    return fields
 
 
 def rss_worker(args: argparse.Namespace) -> None:
-    """Subprocess body: print the peak-RSS increase over one step, from a fresh process, as JSON."""
+    """Subprocess body: print the anonymous-memory peak increase over one step, as JSON."""
     model, tokens = build(args)
     model.use_checkpoint = args.rss_mode == "checkpointed"
     # Warm-up on one sequence: lazy initialisation and gradients happen here, and its peak stays
-    # below the full batch's, so ru_maxrss afterwards is the measured step's peak.
+    # below the full batch's, so the peak afterwards is the measured step's.
     model(tokens[:1]).backward()
-    before_kib = _current_rss_kib()
+    before = _memory_status_kib()
     model(tokens).backward()
-    after_peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"delta_kib": after_peak_kib - before_kib}))
+    after = _memory_status_kib()
+    # The kernel's peak (VmHWM) also counts pages of shared libraries touched for the first time
+    # (which vary with which kernels the step happens to pick); file pages are never unmapped here,
+    # so subtracting the final file-backed RSS leaves the peak of anonymous (tensor) memory.
+    anon_peak_kib = after["VmHWM"] - after["RssFile"] - after["RssShmem"]
+    print(json.dumps({"delta_kib": anon_peak_kib - before["RssAnon"]}))
 
 
 def peak_rss_delta_mib(args: argparse.Namespace, mode: str) -> float:
