@@ -213,7 +213,7 @@ def plot_losses(history: History, baseline_nats: float, path: Path) -> None:
     if history.train:
         steps, losses = zip(*history.train)
         ax.plot(steps, losses, color="tab:blue", alpha=0.3, linewidth=0.8, label="train (per step)")
-        ax.plot(steps, _ema(losses, 0.95), color="tab:blue", label="train (EMA 0.95)")
+        ax.plot(steps, _ema(losses, 0.9), color="tab:blue", label="train (EMA 0.9)")
     if history.val:
         steps, losses = zip(*history.val)
         ax.plot(steps, losses, "o-", color="tab:orange", label="validation")
