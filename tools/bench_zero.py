@@ -276,6 +276,31 @@ def _run_deepspeed(cases: list, steps: int, warmup: int) -> list[dict]:
     return []
 
 
+def _collectives_worker(rank: int, port: int, cases: list, steps: int, warmup: int, queue) -> None:
+    """Time the gloo collectives that could carry ZeRO's reduce-scatter and gather on 8 MiB of fp32."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    n = 1 << 20
+    full, part = torch.randn(n * WORLD), torch.empty(n)
+    chunks = list(full.chunk(WORLD))
+    candidates = {
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(part, full),
+        "reduce_scatter (list)": lambda: dist.reduce_scatter(part, chunks),
+        "reduce to each owner": lambda: [dist.reduce(c, dst=r) for r, c in enumerate(chunks)],
+        "all_reduce": lambda: dist.all_reduce(full),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(full, part),
+        "all_gather (list)": lambda: dist.all_gather(chunks, part),
+        "broadcast from each owner": lambda: [dist.broadcast(c, src=r) for r, c in enumerate(chunks)],
+    }
+    results = []
+    for name, fn in candidates.items():
+        seconds = _timed_loop(lambda _i, fn=fn: fn(), steps, warmup)
+        results.append({"collective": name, "ms": seconds * 1e3})
+    queue.put((rank, results))
+    dist.destroy_process_group()
+
+
 def _table(results: list[dict], steps: int, warmup: int) -> str:
     tokens = WORLD * MICRO_BATCH * SEQ
     ddp = {r["dtype"]: r["seconds_per_step"] for r in results if r["impl"] == "ddp"}
@@ -314,6 +339,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per case")
     parser.add_argument("--dtypes", default="fp32,bf16")
     parser.add_argument("--no-deepspeed", action="store_true", help="skip the real deepspeed comparison")
+    parser.add_argument("--collectives", action="store_true", help="only time gloo collectives (8 MiB fp32)")
     parser.add_argument("--deepspeed-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.deepspeed_worker:  # running inside the deepspeed venv
@@ -321,6 +347,11 @@ def main() -> None:
         print(
             "DS_RESULTS " + json.dumps(_run_spawned(_ds_worker, spec["cases"], spec["steps"], spec["warmup"]))
         )
+        return
+    if args.collectives:
+        rows = _run_spawned(_collectives_worker, [], max(args.steps, 10), args.warmup)
+        print("| collective (gloo, 2 ranks, 8 MiB fp32) | ms |\n|---|---|")
+        print("\n".join(f"| {r['collective']} | {r['ms']:.1f} |" for r in rows))
         return
     dtypes = args.dtypes.split(",")
     ours = [("ddp", 0, d) for d in dtypes] + [("ds_zero", s, d) for d in dtypes for s in STAGES]
