@@ -102,13 +102,16 @@ def _deepspeed_cpu_adam(n: int, steps: int, threads: int) -> str:
     if not DS_VENV_PYTHON.exists():
         return "n/a (no /work/venvs/deepspeed)"
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads))
-    proc = subprocess.run(
-        [str(DS_VENV_PYTHON), "-c", DS_SCRIPT, str(n), str(threads), str(steps)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=900,
-    )
+    try:
+        proc = subprocess.run(
+            [str(DS_VENV_PYTHON), "-c", DS_SCRIPT, str(n), str(threads), str(steps)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=480,  # the first use compiles the op (~2 min); a stale build lock would hang forever
+        )
+    except subprocess.TimeoutExpired:
+        return "timed out (op build lock held?)"
     if proc.returncode != 0:
         return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}"
     return f"{float(proc.stdout.strip().splitlines()[-1]):.0f}"

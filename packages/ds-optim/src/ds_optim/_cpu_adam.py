@@ -4,8 +4,9 @@ The update runs on torch's fused Adam kernel (``torch._fused_adam_``/``torch._fu
 compiled with torch, so nothing is compiled at install or first use. A Numba ``prange`` kernel was measured
 as the alternative and was 2-3x slower on 2 threads (docs/benchmarks/ds-optim.md), so it is not shipped.
 
-The low-precision copy (bf16/fp16 weights that the model computes with) is written chunk by chunk right after
-each chunk's update, while that chunk is still in cache: one pass over memory instead of two.
+The low-precision copy (bf16/fp16 weights that the model computes with) is written by one multi-tensor copy
+right after the update. Interleaving the copy chunk by chunk (to keep each chunk in cache) was measured and
+was much slower: each call of the fused kernel has a large fixed cost on CPU.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from typing import Any
 import torch
 
 __all__ = ["CPUAdam"]
-
-# 256 Ki fp32 elements = 1 MiB per tensor: four state tensors of one chunk fit in a core's L2.
-CHUNK_ELEMS = 1 << 18
 
 # A step of +inf makes both bias corrections (1 - beta**step) exactly 1, which is Adam without them.
 _NO_BIAS_CORRECTION_STEP = float("inf")
@@ -105,16 +103,10 @@ class CPUAdam(torch.optim.Optimizer):
             params, grads, exp_avgs, exp_avg_sqs = self._group_state(group)
             for p in params:
                 self.state[p]["step"] += 1
-            if not lowp_of:  # one kernel call for the whole group
-                self._kernel(
-                    group, params, grads, exp_avgs, exp_avg_sqs, [self.state[p]["step"] for p in params]
-                )
-                continue
-            for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
-                for p_c, g_c, m_c, v_c, lowp_c in _chunks(p, g, m, v, lowp_of.get(id(p))):
-                    self._kernel(group, [p_c], [g_c], [m_c], [v_c], [self.state[p]["step"]])
-                    if lowp_c is not None:
-                        lowp_c.copy_(p_c)
+            self._kernel(group, params, grads, exp_avgs, exp_avg_sqs, [self.state[p]["step"] for p in params])
+            pairs = [(lowp_of[id(p)], p) for p in params if id(p) in lowp_of]
+            if pairs:
+                torch._foreach_copy_([q for q, _ in pairs], [p for _, p in pairs])
         return loss
 
     def _match_lowp(self, lowp_params: Sequence[torch.Tensor] | None) -> dict[int, torch.Tensor]:
@@ -162,14 +154,3 @@ class CPUAdam(torch.optim.Optimizer):
             amsgrad=False,
             maximize=False,
         )
-
-
-def _chunks(
-    p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, v: torch.Tensor, lowp: torch.Tensor | None
-) -> list[tuple[torch.Tensor, ...]]:
-    """Cache-sized flat views of one parameter and its state; the whole tensors when not all contiguous."""
-    tensors = [p, g, m, v] + ([lowp] if lowp is not None else [])
-    if lowp is None or p.numel() <= CHUNK_ELEMS or not all(t.is_contiguous() for t in tensors):
-        return [(p, g, m, v, lowp)]
-    flats = [t.view(-1) for t in tensors]
-    return list(zip(*(f.split(CHUNK_ELEMS) for f in flats)))
