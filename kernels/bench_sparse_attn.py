@@ -85,7 +85,8 @@ def run_case(args: argparse.Namespace) -> dict:
         compiled = torch.compile(flex_attention, dynamic=False)
         attention = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)  # noqa: E731
         start = time.perf_counter()
-        if device == "cpu":  # FlexAttention has no CPU backward (torch 2.13): forward only
+        if device == "cpu":  # FlexAttention has no CPU backward (torch 2.13), not even inputs needing grad
+            q, k, v = (t.detach() for t in (q, k, v))
             with torch.no_grad():
                 attention(q, k, v)
         else:
