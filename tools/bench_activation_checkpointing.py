@@ -16,7 +16,8 @@ Activation memory is measured two ways:
    which the kernel's peak also counts, are subtracted). It also counts transient buffers
    (e.g. gradients of activations in flight), so it is larger than (1).
 Step time is the median over interleaved steps (modes alternate, so load on a shared machine
-hits both alike), without the measuring hooks.
+hits both alike), without the measuring hooks: wall time, and the process's CPU time (all
+threads), which is the steadier of the two when other processes compete for the cores.
 """
 
 from __future__ import annotations
@@ -193,20 +194,32 @@ def main() -> None:
         return
 
     model, tokens = build(args)
-    times_ms: dict[str, list[float]] = {m: [] for m in MODES}
     memory: dict[str, tuple[int, int]] = {}
     for mode in MODES:
         model.use_checkpoint = mode == "checkpointed"
         step(model, tokens)  # warm-up
         memory[mode] = measure_saved_bytes(model, tokens)
+    wall_ms: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu_ms: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(args.steps):
         for mode in MODES:
             model.use_checkpoint = mode == "checkpointed"
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             step(model, tokens)
-            times_ms[mode].append((time.perf_counter() - start) * 1e3)
-    rss = {mode: peak_rss_delta_mib(args, mode) for mode in MODES}
+            wall_ms[mode].append((time.perf_counter() - start) * 1e3)
+            cpu_ms[mode].append((time.process_time() - start_cpu) * 1e3)
+    rss_mib = {mode: peak_rss_delta_mib(args, mode) for mode in MODES}
+    report(args, memory, wall_ms, cpu_ms, rss_mib)
 
+
+def report(
+    args: argparse.Namespace,
+    memory: dict[str, tuple[int, int]],
+    wall_ms: dict[str, list[float]],
+    cpu_ms: dict[str, list[float]],
+    rss_mib: dict[str, float],
+) -> None:
+    """Print the markdown table, the checkpointed/plain ratios and the target verdicts."""
     mib = 1024**2
     print(
         f"{args.layers} layers, width {args.width}, {args.heads} heads, seq {args.seq}, batch {args.batch}, "
@@ -214,24 +227,30 @@ def main() -> None:
         f"median of {args.steps} interleaved steps\n"
     )
     print(
-        "| mode | step time (ms, median) | saved activations, peak (MiB) | at end of forward (MiB) | peak RSS delta (MiB) |"
+        "| mode | step wall time (ms) | step CPU time (ms) | saved activations, peak (MiB) "
+        "| saved at end of forward (MiB) | peak RSS delta (MiB) |"
     )
-    print("|---|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|")
     for mode in MODES:
         peak, fwd = memory[mode]
+        wall, cpu = statistics.median(wall_ms[mode]), statistics.median(cpu_ms[mode])
         print(
-            f"| {mode} | {statistics.median(times_ms[mode]):.1f} | {peak / mib:.1f} | {fwd / mib:.1f} | {rss[mode]:.1f} |"
+            f"| {mode} | {wall:.1f} | {cpu:.1f} | {peak / mib:.1f} | {fwd / mib:.1f} | {rss_mib[mode]:.1f} |"
         )
-    t_ratio = statistics.median(times_ms["checkpointed"]) / statistics.median(times_ms["plain"])
-    peak_ratio = memory["plain"][0] / memory["checkpointed"][0]
-    fwd_ratio = memory["plain"][1] / memory["checkpointed"][1]
-    rss_ratio = rss["plain"] / rss["checkpointed"] if rss["checkpointed"] else float("inf")
+    ratio = {
+        "wall": statistics.median(wall_ms["checkpointed"]) / statistics.median(wall_ms["plain"]),
+        "cpu": statistics.median(cpu_ms["checkpointed"]) / statistics.median(cpu_ms["plain"]),
+        "peak": memory["checkpointed"][0] / memory["plain"][0],
+        "fwd": memory["checkpointed"][1] / memory["plain"][1],
+        "rss": rss_mib["checkpointed"] / rss_mib["plain"],
+    }
     print(
-        f"| plain / checkpointed | {1 / t_ratio:.2f}x (checkpointed is {t_ratio:.2f}x the time) "
-        f"| {peak_ratio:.1f}x | {fwd_ratio:.1f}x | {rss_ratio:.1f}x |"
+        f"| checkpointed / plain | {ratio['wall']:.2f}x | {ratio['cpu']:.2f}x | 1/{1 / ratio['peak']:.1f} "
+        f"| 1/{1 / ratio['fwd']:.1f} | 1/{1 / ratio['rss']:.1f} |"
     )
-    verdict = "met" if peak_ratio >= 4 and t_ratio <= 1.4 else "NOT met"
-    print(f"\nTarget (peak activation memory >= 4x smaller, step time <= 1.4x): {verdict}")
+    for clock in ("wall", "cpu"):
+        verdict = "met" if ratio["peak"] <= 1 / 4 and ratio[clock] <= 1.4 else "NOT met"
+        print(f"\nTarget (peak activation memory >= 4x smaller, {clock} step time <= 1.4x): {verdict}")
 
 
 if __name__ == "__main__":
