@@ -18,13 +18,24 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPa
     """Add DeepSpeed's command-line arguments (``--deepspeed``, ``--deepspeed_config`` and the deprecated
     ``--deepscale`` / ``--deepscale_config``) to ``parser`` and return it."""
     group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
-    group.add_argument("--deepspeed", default=False, action="store_true",
-                       help="Enable DeepSpeed (helper flag for user code, no impact on the engine).")
-    group.add_argument("--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file.")
-    group.add_argument("--deepscale", default=False, action="store_true",
-                       help="Deprecated enable DeepSpeed (helper flag for user code, no impact on the engine).")
-    group.add_argument("--deepscale_config", default=None, type=str,
-                       help="Deprecated DeepSpeed json configuration file.")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (helper flag for user code, no impact on the engine).",
+    )
+    group.add_argument(
+        "--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file."
+    )
+    group.add_argument(
+        "--deepscale",
+        default=False,
+        action="store_true",
+        help="Deprecated enable DeepSpeed (helper flag for user code, no impact on the engine).",
+    )
+    group.add_argument(
+        "--deepscale_config", default=None, type=str, help="Deprecated DeepSpeed json configuration file."
+    )
     return parser
 
 
@@ -44,12 +55,14 @@ def resolve_config_source(args: Any, config: Any, config_params: Any) -> Any:
     if from_args is not None and config is not None:
         raise InitializeError(
             "Not sure how to proceed: a config was given both in the arguments (--deepspeed_config="
-            f"{from_args!r}) and to initialize(config=...). Pass exactly one of them.")
+            f"{from_args!r}) and to initialize(config=...). Pass exactly one of them."
+        )
     source = from_args if from_args is not None else config
     if source is None:
         raise InitializeError(
             "DeepSpeed requires a config: pass --deepspeed_config FILE (with add_config_arguments), "
-            "or initialize(config=dict_or_path).")
+            "or initialize(config=dict_or_path)."
+        )
     return source
 
 
@@ -60,4 +73,5 @@ def check_local_rank(args: Any, local_rank: int) -> None:
         env = os.environ.get("LOCAL_RANK", "unset")
         raise InitializeError(
             f"Mismatch in local rank setting, args.local_rank={given} but env['LOCAL_RANK']={env} "
-            f"(the launcher assigned local rank {local_rank}). Let the launcher set --local_rank.")
+            f"(the launcher assigned local rank {local_rank}). Let the launcher set --local_rank."
+        )

@@ -6,16 +6,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.distributed as dist
-from torch import nn
-
 import ds_checkpoint
 import ds_optim
 import ds_precision
 import ds_zero
+import torch
+import torch.distributed as dist
 from ds_config import DSConfig
 from ds_launch import Topology
+from torch import nn
 
 logger = logging.getLogger("ds_engine")
 
@@ -44,8 +43,16 @@ def model_dtype(cfg: DSConfig) -> torch.dtype:
     return torch.float32
 
 
-def assemble(model: nn.Module, cfg: DSConfig, topology: Topology, *, optimizer: Any = None,
-             model_parameters: Any = None, lr_scheduler: Any = None, mpu: Any = None) -> Parts:
+def assemble(
+    model: nn.Module,
+    cfg: DSConfig,
+    topology: Topology,
+    *,
+    optimizer: Any = None,
+    model_parameters: Any = None,
+    lr_scheduler: Any = None,
+    mpu: Any = None,
+) -> Parts:
     """Build the training stack around ``model``. The order matters; each step says why it comes where it does."""
     dp_group = mpu.get_data_parallel_group() if mpu is not None else None
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
@@ -69,17 +76,31 @@ def assemble(model: nn.Module, cfg: DSConfig, topology: Topology, *, optimizer: 
         model, wrapped = ds_precision.amp_initialize(model, basic, cfg.amp)
     elif cfg.zero_optimization.stage in (1, 2):
         wrapped = ds_zero.ZeroOptimizer.from_config(
-            basic, cfg.zero_optimization, process_group=dp_group, scaler=scaler,
-            clip_grad=cfg.gradient_clipping, allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
+            basic,
+            cfg.zero_optimization,
+            process_group=dp_group,
+            scaler=scaler,
+            clip_grad=cfg.gradient_clipping,
+            allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
             gradient_predivide_factor=cfg.gradient_predivide_factor,
-            prescale_gradients=cfg.prescale_gradients, fp32_allreduce=cfg.fp32_allreduce, param_names=names)
+            prescale_gradients=cfg.prescale_gradients,
+            fp32_allreduce=cfg.fp32_allreduce,
+            param_names=names,
+        )
     else:
         wrapped = ds_precision.MixedPrecisionOptimizer(
-            basic, scaler=scaler, dtype=dtype, clip_grad=cfg.gradient_clipping, process_group=dp_group,
-            fp32_grad_accum=cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32", module=model)
+            basic,
+            scaler=scaler,
+            dtype=dtype,
+            clip_grad=cfg.gradient_clipping,
+            process_group=dp_group,
+            fp32_grad_accum=cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32",
+            module=model,
+        )
     if not cfg.amp.enabled and cfg.zero_optimization.stage == 0 and dp_world_size > 1:
-        reducer = ds_zero.GradientReducer.from_config(_reduction_targets(model, wrapped), cfg,
-                                                      process_group=dp_group)
+        reducer = ds_zero.GradientReducer.from_config(
+            _reduction_targets(model, wrapped), cfg, process_group=dp_group
+        )
 
     # 5. The LR schedule steps the *wrapped* optimizer's groups (those are the ones that update weights).
     scheduler = _build_scheduler(cfg, wrapped, lr_scheduler)
@@ -104,10 +125,13 @@ def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) ->
         if client is not None and not callable(client):
             logger.warning("both a config optimizer and a client optimizer were given: using the config's")
         offload = cfg.zero_optimization.stage > 0 and _offload(cfg)
-        return ds_optim.optimizer_from_config(params, cfg.optimizer, process_group=dp_group, cpu_offload=offload)
+        return ds_optim.optimizer_from_config(
+            params, cfg.optimizer, process_group=dp_group, cpu_offload=offload
+        )
     if client is None:
-        raise ValueError("no optimizer: add an \"optimizer\" section to the config or pass "
-                         "initialize(optimizer=...)")
+        raise ValueError(
+            'no optimizer: add an "optimizer" section to the config or pass initialize(optimizer=...)'
+        )
     return client(params) if callable(client) and not isinstance(client, torch.optim.Optimizer) else client
 
 
@@ -142,5 +166,9 @@ def _build_scheduler(cfg: DSConfig, wrapped: Any, client: Any) -> Any:
             logger.warning("both a config scheduler and a client lr_scheduler were given: using the config's")
         return ds_optim.scheduler_from_config(wrapped, cfg.scheduler)
     if callable(client) and not hasattr(client, "step"):
-        return client(wrapped)
+        # torch schedulers need a torch optimizer; the inner one's param groups are the ones that step
+        inner = (
+            wrapped if isinstance(wrapped, torch.optim.Optimizer) else getattr(wrapped, "optimizer", wrapped)
+        )
+        return client(inner)
     return client

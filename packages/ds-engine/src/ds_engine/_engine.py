@@ -6,13 +6,12 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-
 import ds_checkpoint
 import ds_precision
+import torch
 from ds_config import DSConfig
 from ds_launch import Topology
+from torch import nn
 
 from ds_engine._assemble import Parts
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
@@ -29,8 +28,9 @@ class DeepSpeedEngine(nn.Module):
     (``global_steps`` still advances, as in DeepSpeed).
     """
 
-    def __init__(self, parts: Parts, config: DSConfig, topology: Topology,
-                 training_dataloader: Any = None) -> None:
+    def __init__(
+        self, parts: Parts, config: DSConfig, topology: Topology, training_dataloader: Any = None
+    ) -> None:
         super().__init__()
         self.module = parts.model
         self.parts = parts
@@ -153,12 +153,18 @@ class DeepSpeedEngine(nn.Module):
         print(self.config.model_dump_json(indent=2, exclude_defaults=True))
 
     # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self, save_dir: str | Path, tag: Any = None, client_state: dict | None = None,
-                        save_latest: bool = True) -> bool:
+    def save_checkpoint(
+        self,
+        save_dir: str | Path,
+        tag: Any = None,
+        client_state: dict | None = None,
+        save_latest: bool = True,
+    ) -> bool:
         """Save on every rank: weights (rank 0), this rank's optimizer shard, schedule, counters, client state."""
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         ds_checkpoint.save_state(
-            save_dir, tag,
+            save_dir,
+            tag,
             model_state=self.module.state_dict(),
             optimizer_shard=self._sharded_state(),
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
@@ -171,9 +177,15 @@ class DeepSpeedEngine(nn.Module):
         )
         return True
 
-    def load_checkpoint(self, load_dir: str | Path, tag: Any = None, load_module_strict: bool = True,
-                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False) -> tuple[str | None, dict | None]:
+    def load_checkpoint(
+        self,
+        load_dir: str | Path,
+        tag: Any = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ) -> tuple[str | None, dict | None]:
         """Load a checkpoint saved at any world size; returns ``(path, client_state)`` or ``(None, None)``."""
         state = ds_checkpoint.load_state(load_dir, None if tag is None else str(tag))
         if state is None:
@@ -186,7 +198,8 @@ class DeepSpeedEngine(nn.Module):
                     _, mine = sharded
                     ranges = [tuple(g["shard"]) for g in mine["groups"]]
                     self.optimizer.load_sharded_state_dict(
-                        *state.optimizer_shard(ranges, mine["rank"], mine["world_size"]))
+                        *state.optimizer_shard(ranges, mine["rank"], mine["world_size"])
+                    )
                 else:
                     self._refresh_master_from_weights()
             if load_lr_scheduler_states and self.lr_scheduler is not None and state.lr_scheduler is not None:
@@ -209,9 +222,13 @@ class DeepSpeedEngine(nn.Module):
         self.optimizer.load_sharded_state_dict(tensors, meta)
 
     def _counters(self) -> dict[str, int]:
-        return {"global_steps": self.global_steps, "global_samples": self.global_samples,
-                "skipped_steps": self.skipped_steps, "micro_steps": self.micro_steps,
-                "dp_world_size": self.world_size}
+        return {
+            "global_steps": self.global_steps,
+            "global_samples": self.global_samples,
+            "skipped_steps": self.skipped_steps,
+            "micro_steps": self.micro_steps,
+            "dp_world_size": self.world_size,
+        }
 
     def _load_counters(self, counters: dict[str, Any]) -> None:
         self.global_steps = int(counters.get("global_steps", 0))
@@ -230,4 +247,3 @@ def _mark_all_accumulated(optimizer: Any) -> None:
     if getattr(optimizer, "fp32_grad_accum", False):
         for flat in optimizer.groups:
             flat.accumulated = [True] * len(flat.accumulated)
-

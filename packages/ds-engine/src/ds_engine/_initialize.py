@@ -6,11 +6,10 @@ import logging
 import sys
 from typing import Any
 
-import torch.distributed as dist
-from torch import nn
-
 import ds_launch
+import torch.distributed as dist
 from ds_config import load_config
+from torch import nn
 
 from ds_engine._args import InitializeError, check_local_rank, resolve_config_source
 from ds_engine._assemble import assemble
@@ -20,17 +19,31 @@ from ds_engine._engine import DeepSpeedEngine
 logger = logging.getLogger("ds_engine")
 
 # how ds_launch's rank sources read in a batch-size error ("where the world size came from")
-_WORLD_SIZE_SOURCES = {"mpi4py": "MPI environment (mpi4py)", "env:OMPI": "MPI environment (OMPI_*)",
-                       "env:PMI": "MPI environment (PMI_*)", "slurm": "SLURM environment",
-                       "env:RANK": "torch.distributed (WORLD_SIZE from the launcher)",
-                       "torch.distributed": "torch.distributed", "default": "default 1 (no launcher)"}
+_WORLD_SIZE_SOURCES = {
+    "mpi4py": "MPI environment (mpi4py)",
+    "env:OMPI": "MPI environment (OMPI_*)",
+    "env:PMI": "MPI environment (PMI_*)",
+    "slurm": "SLURM environment",
+    "env:RANK": "torch.distributed (WORLD_SIZE from the launcher)",
+    "torch.distributed": "torch.distributed",
+    "default": "default 1 (no launcher)",
+}
 
 
-def initialize(args: Any = None, model: nn.Module | None = None, optimizer: Any = None,
-               model_parameters: Any = None, training_data: Any = None, lr_scheduler: Any = None,
-               mpu: Any = None, dist_init_required: bool | None = None, collate_fn: Any = None,
-               config: Any = None, config_params: Any = None, distributed_port: int = 29500,
-               ) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+def initialize(
+    args: Any = None,
+    model: nn.Module | None = None,
+    optimizer: Any = None,
+    model_parameters: Any = None,
+    training_data: Any = None,
+    lr_scheduler: Any = None,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Any = None,
+    config: Any = None,
+    config_params: Any = None,
+    distributed_port: int = 29500,
+) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """Build the engine; returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` like DeepSpeed.
 
     The config comes from exactly one of ``args.deepspeed_config``, ``config`` (dict, JSON path or
@@ -42,26 +55,52 @@ def initialize(args: Any = None, model: nn.Module | None = None, optimizer: Any 
     source = resolve_config_source(args, config, config_params)
     _setup_logging()
     if dist_init_required is False and not dist.is_initialized():
-        raise InitializeError("dist_init_required=False but torch.distributed is not initialised: call "
-                              "torch.distributed.init_process_group first, or leave dist_init_required unset")
+        raise InitializeError(
+            "dist_init_required=False but torch.distributed is not initialised: call "
+            "torch.distributed.init_process_group first, or leave dist_init_required unset"
+        )
     topology = ds_launch.init_distributed(distributed_port=distributed_port)
     check_local_rank(args, topology.local_rank)
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
-    cfg = load_config(source, world_size=dp_world_size,
-                      world_size_source=("mpu data-parallel group" if mpu is not None else
-                                         _WORLD_SIZE_SOURCES.get(topology.source, topology.source)))
-    parts = assemble(model, cfg, topology, optimizer=optimizer, model_parameters=model_parameters,
-                     lr_scheduler=lr_scheduler, mpu=mpu)
+    cfg = load_config(
+        source,
+        world_size=dp_world_size,
+        world_size_source=(
+            "mpu data-parallel group"
+            if mpu is not None
+            else _WORLD_SIZE_SOURCES.get(topology.source, topology.source)
+        ),
+    )
+    parts = assemble(
+        model,
+        cfg,
+        topology,
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        lr_scheduler=lr_scheduler,
+        mpu=mpu,
+    )
     loader = None
     if training_data is not None:
         dp_rank = mpu.get_data_parallel_rank() if mpu is not None else topology.rank
-        loader = build_dataloader(training_data, micro_batch_size=cfg.train_micro_batch_size_per_gpu,
-                                  rank=dp_rank, world_size=dp_world_size, collate_fn=collate_fn)
+        loader = build_dataloader(
+            training_data,
+            micro_batch_size=cfg.train_micro_batch_size_per_gpu,
+            rank=dp_rank,
+            world_size=dp_world_size,
+            collate_fn=collate_fn,
+        )
     engine = DeepSpeedEngine(parts, cfg, topology, loader)
     if topology.rank == 0:
-        logger.info("%s | train_batch_size=%d micro_batch=%d grad_accum=%d zero_stage=%d dtype=%s",
-                    topology.describe(), cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
-                    cfg.gradient_accumulation_steps, cfg.zero_optimization.stage, parts.dtype)
+        logger.info(
+            "%s | train_batch_size=%d micro_batch=%d grad_accum=%d zero_stage=%d dtype=%s",
+            topology.describe(),
+            cfg.train_batch_size,
+            cfg.train_micro_batch_size_per_gpu,
+            cfg.gradient_accumulation_steps,
+            cfg.zero_optimization.stage,
+            parts.dtype,
+        )
     return engine, engine.optimizer, loader, engine.lr_scheduler
 
 

@@ -8,8 +8,9 @@ import ds_sparse_attn
 from ds_config import DSConfig
 
 
-def sparse_self_attention(config: DSConfig, num_heads: int, *, seed: int = 0,
-                          **module_kwargs: Any) -> ds_sparse_attn.SparseSelfAttention:
+def sparse_self_attention(
+    config: DSConfig, num_heads: int, *, seed: int = 0, **module_kwargs: Any
+) -> ds_sparse_attn.SparseSelfAttention:
     """A ``SparseSelfAttention`` whose layout is the config's ``sparse_attention`` section.
 
     Raises ``ValueError`` when the config has no ``sparse_attention`` section.

@@ -1,0 +1,56 @@
+"""A script written for DeepSpeed runs on ds with only its import changed, and its losses match DeepSpeed's.
+
+The DeepSpeed losses were recorded from the real ``deepspeed`` 0.19.8 on CPU (2 ranks, same script, same
+config) by ``tools/make_deepspeed_loss_fixtures.py``; ds runs here at the session's world size, which must
+not matter because every rank takes its slice of the same global batch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import HERE, launch
+
+FIXTURES = sorted((HERE / "fixtures" / "deepspeed_losses").glob("*.json"))
+ORIGINAL = HERE / "scripts" / "deepspeed_example.py"
+
+
+@pytest.fixture(scope="module")
+def ds_script(tmp_path_factory) -> Path:
+    """The DeepSpeed script with exactly one line changed: the import."""
+    text = ORIGINAL.read_text()
+    ported = text.replace("\nimport deepspeed\n", "\nimport ds_engine as deepspeed\n")
+    changed = [(a, b) for a, b in zip(text.splitlines(), ported.splitlines()) if a != b]
+    assert changed == [("import deepspeed", "import ds_engine as deepspeed")]
+    path = tmp_path_factory.mktemp("ported") / "scripts"
+    path.mkdir()
+    (path / "deepspeed_example.py").write_text(ported)
+    return path / "deepspeed_example.py"
+
+
+def test_fixtures_cover_every_zero_stage():
+    assert [f.name for f in FIXTURES] == [f"zero{s}_fp32_adam_warmuplr.json" for s in (0, 1, 2)]
+
+
+@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+def test_loss_curve_matches_deepspeed(fixture: Path, ds_script: Path, tmp_path: Path):
+    recorded = json.loads(fixture.read_text())
+    assert recorded["deepspeed_version"] == "0.19.8"
+    config = tmp_path / "ds_config.json"
+    config.write_text(json.dumps(recorded["config"]))
+    out = tmp_path / "losses.json"
+    launch(str(ds_script), "--deepspeed_config", str(config), "--out", str(out),
+           "--steps", str(len(recorded["losses"])))
+    ours = json.loads(out.read_text())["losses"]
+    theirs = recorded["losses"]
+    assert len(ours) == len(theirs) == 20
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+    assert worst <= 1e-4, f"{fixture.stem}: max relative difference {worst:.2e}\nds:        {ours}\ndeepspeed: {theirs}"
+    assert theirs[-1] < theirs[0], "the recorded run should learn"
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__]))

@@ -1,0 +1,111 @@
+"""Record the real ``deepspeed`` package's loss curves for integration/test_deepspeed_parity.py.
+
+Runs integration/scripts/deepspeed_example.py (written for DeepSpeed) unchanged on 2 CPU ranks with the
+given DeepSpeed python, for ZeRO stages 0, 1 and 2 (fp32, Adam, WarmupLR), and writes
+integration/fixtures/deepspeed_losses/<name>.json with the config, the losses and the DeepSpeed version.
+
+    python tools/make_deepspeed_loss_fixtures.py --deepspeed-python /work/venvs/deepspeed/bin/python
+(the venv: python3 -m venv V && V/bin/pip install torch==2.13.0 deepspeed==0.19.8; first run compiles ~2 min)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "integration" / "scripts" / "deepspeed_example.py"
+OUT = ROOT / "integration" / "fixtures" / "deepspeed_losses"
+WORLD_SIZE = 2
+
+
+def parity_configs() -> dict[str, dict]:
+    """The configs compared; gradient_clipping is explicit because DeepSpeed 0.19 defaults it to 1.0."""
+    base = {
+        "train_batch_size": 16,
+        "gradient_accumulation_steps": 2,
+        "steps_per_print": 100,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.01, "weight_decay": 0.01}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 5},
+        },
+    }
+    return {
+        f"zero{stage}_fp32_adam_warmuplr": {**base, "zero_optimization": {"stage": stage}}
+        for stage in (0, 1, 2)
+    }
+
+
+def run_ranks(
+    python: str, script: Path, config: dict, out: Path, steps: int = 20, timeout_s: float = 1800
+) -> None:
+    """Start ``WORLD_SIZE`` ranks of ``script`` with launcher environment variables, as torchrun would."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(config, f)
+    procs = []
+    for rank in range(WORLD_SIZE):
+        env = {
+            **os.environ,
+            "DS_ACCELERATOR": "cpu",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(WORLD_SIZE),
+            "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [python, str(script), "--deepspeed_config", f.name, "--out", str(out), "--steps", str(steps)],
+                env=env,
+            )
+        )
+    codes = [p.wait(timeout=timeout_s) for p in procs]
+    os.unlink(f.name)
+    if any(codes):
+        raise RuntimeError(f"{script.name} ranks exited with {codes}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deepspeed-python", default="/work/venvs/deepspeed/bin/python")
+    args = parser.parse_args()
+    version = (
+        subprocess.run(
+            [args.deepspeed_python, "-c", "import deepspeed; print(deepspeed.__version__)"],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "DS_ACCELERATOR": "cpu"},
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, config in parity_configs().items():
+        losses_file = OUT / f"{name}.losses.tmp"
+        run_ranks(args.deepspeed_python, SCRIPT, config, losses_file)
+        record = {
+            "deepspeed_version": version,
+            "world_size": WORLD_SIZE,
+            "config": config,
+            **json.loads(losses_file.read_text()),
+        }
+        losses_file.unlink()
+        (OUT / f"{name}.json").write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {OUT / name}.json")
+
+
+if __name__ == "__main__":
+    main()
