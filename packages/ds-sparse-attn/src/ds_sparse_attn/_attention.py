@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _cuda_kernels
+from . import _cuda_kernels, _grouped_attention
 from ._bias import ScoreBias, gather_bias
 from ._layouts import FixedSparsityConfig, SparsityConfig
 from ._numba_attention import NumbaBlockSparseAttentionFunction
@@ -16,7 +16,7 @@ from ._plan import BlockSparsePlan
 from ._torch_attention import BlockSparseAttentionFunction
 
 _MASK_MODES = ("add", "mul")
-_BACKENDS = ("auto", "torch", "numba")
+_BACKENDS = ("auto", "torch", "torch-gather", "numba")
 
 
 def _check_mode(name: str, mode: str) -> None:
@@ -50,7 +50,9 @@ class SparseSelfAttention(nn.Module):
         attn_mask_mode: 'add' or 'mul', for the (L, L) attention mask.
         max_seq_length: the layout is built once for this length; shorter inputs use its top-left corner.
         backend: 'auto' (Numba CUDA kernels for CUDA tensors when numba-cuda is installed, else the torch
-            path), 'torch' (batched matmuls over gathered blocks), or 'numba' (require the kernels).
+            path), 'torch' (on CPU torch's fused flash kernel over groups of rows sharing their key blocks,
+            else batched matmuls over gathered blocks), 'torch-gather' (always the gathered matmuls), or
+            'numba' (require the kernels).
     """
 
     def __init__(
@@ -93,7 +95,7 @@ class SparseSelfAttention(nn.Module):
         return self._plans[key]
 
     def _use_numba(self, query: torch.Tensor) -> bool:
-        if self.backend == "torch":
+        if self.backend in ("torch", "torch-gather"):
             return False
         usable = (query.is_cuda or _cuda_kernels.simulator_enabled()) and _cuda_kernels.numba_cuda_available()
         if self.backend == "numba" and not usable:
@@ -194,6 +196,10 @@ class SparseSelfAttention(nn.Module):
         q, k, v = (t.to(dtype).contiguous() for t in (query, key, value))
         if use_numba:
             out = NumbaBlockSparseAttentionFunction.apply(q, k, v, self._block_bias(bias, plan), plan, scale)
+        elif self.backend != "torch-gather" and _grouped_attention.usable(q, bias.rpe):
+            out = _grouped_attention.GroupedFlashAttentionFunction.apply(
+                q, k, v, bias.rpe, bias.key_padding, bias.attn, plan, scale
+            )
         else:
             out = BlockSparseAttentionFunction.apply(
                 q, k, v, bias.rpe, bias.key_padding, bias.attn, plan, scale

@@ -1,6 +1,8 @@
 """Index tensors that describe one layout for the block-sparse products, built once per (layout, device).
 
-Two forms of the same layout:
+Three forms of the same layout:
+* groups (CPU flash path): rows attending the same key block set stacked into one group, groups of equal
+  shape batched, so each group is one head of torch's fused CPU attention kernel.
 * buckets (torch path): query block rows grouped by how many key blocks they attend, each row's key blocks
   listed in a padded (rows, K) index tensor, so a bucket is processed with batched matmuls over gathered
   blocks; grouping keeps the padding waste small when a few rows (BigBird/Longformer global rows) attend far
@@ -36,6 +38,25 @@ class Bucket:
     cols: torch.Tensor
     keys: torch.Tensor
     pad_bias: torch.Tensor | None
+
+    @property
+    def width(self) -> int:
+        return self.cols.shape[1]
+
+
+@dataclass(frozen=True)
+class Group:
+    """G groups of R query block rows each; the rows of one group attend the same K key blocks.
+
+    rows: (G, R) flat query block index head * nb + row.  heads: (G,) head of each group.
+    qrows: (G, R) query block row.  cols: (G, K) key blocks, ascending.  keys: (G, K) head * nb + col.
+    """
+
+    rows: torch.Tensor
+    heads: torch.Tensor
+    qrows: torch.Tensor
+    cols: torch.Tensor
+    keys: torch.Tensor
 
     @property
     def width(self) -> int:
@@ -111,6 +132,32 @@ class BlockSparsePlan:
             keys=heads[:, None] * self.num_blocks + cols,
             pad_bias=pad_bias,
         )
+
+    @cached_property
+    def groups(self) -> list[Group]:
+        """Rows grouped by identical (head, key block set), then by group shape (R, K), exactly: no padding."""
+        nb = self.num_blocks
+        by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
+        for head in range(self.num_heads):
+            layout = self.layout[head]
+            _, inverse, sizes = torch.unique(
+                layout.to(torch.uint8), dim=0, return_inverse=True, return_counts=True
+            )
+            order = torch.argsort(inverse, stable=True)  # rows of each set together, ascending
+            starts = (sizes.cumsum(0) - sizes).tolist()
+            widths = layout[order[starts]].sum(-1).tolist()
+            for start, size, width in zip(starts, sizes.tolist(), widths):
+                if width > 0:  # rows attending nothing output zeros
+                    by_shape.setdefault((size, width), []).append(head * nb + order[start : start + size])
+        flat = self.layout.reshape(-1, nb)
+        return [self._group(flat, torch.stack(members), width) for (_, width), members in by_shape.items()]
+
+    def _group(self, flat: torch.Tensor, rows: torch.Tensor, width: int) -> Group:
+        nb = self.num_blocks
+        present = flat[rows[:, 0]]  # (G, nb): the set shared by the group's rows
+        cols = torch.argsort((~present).to(torch.int8), dim=1, stable=True)[:, :width]
+        heads = rows[:, 0] // nb
+        return Group(rows=rows, heads=heads, qrows=rows % nb, cols=cols, keys=heads[:, None] * nb + cols)
 
     @cached_property
     def flat(self) -> FlatLayout:
