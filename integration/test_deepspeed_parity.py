@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import HERE, launch
 
 FIXTURES = sorted((HERE / "fixtures" / "deepspeed_losses").glob("*.json"))
