@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import pickle
+import queue as queue_module
 import socket
 import traceback
 from collections.abc import Callable
@@ -19,8 +21,14 @@ def free_port() -> int:
 
 def _worker(fn, rank, world_size, port, backend, args, queue, env):
     os.environ.update(env)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
     import torch
     import torch.distributed as dist
 
@@ -28,7 +36,8 @@ def _worker(fn, rank, world_size, port, backend, args, queue, env):
     try:
         dist.init_process_group(backend, rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
-        queue.put((rank, True, result))
+        # plain pickle: tensors travel as bytes, not as shared memory that dies with this process
+        queue.put((rank, True, pickle.dumps(result)))
     except BaseException:  # report every failure, including KeyboardInterrupt, to the parent
         queue.put((rank, False, traceback.format_exc()))
     finally:
@@ -36,8 +45,14 @@ def _worker(fn, rank, world_size, port, backend, args, queue, env):
             dist.destroy_process_group()
 
 
-def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "gloo",
-          timeout_s: float = 180.0, env: dict[str, str] | None = None) -> list[Any]:
+def spawn(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    backend: str = "gloo",
+    timeout_s: float = 180.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` fresh processes; return results by rank.
 
     ``fn`` must be importable (module level). Raises ``RuntimeError`` with every failing rank's
@@ -46,8 +61,10 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, args, queue, env or {}))
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(fn, r, world_size, port, backend, args, queue, env or {}))
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
@@ -56,11 +73,11 @@ def spawn(fn: Callable[..., Any], world_size: int, *args: Any, backend: str = "g
         for _ in range(world_size):
             try:
                 rank, ok, payload = queue.get(timeout=timeout_s)
-            except Exception:  # queue.Empty: a rank hung or died without reporting
+            except queue_module.Empty:  # a rank hung or died without reporting
                 dead = [f"rank {r} exit code {p.exitcode}" for r, p in enumerate(procs) if r not in results]
                 raise RuntimeError(f"ranks did not report within {timeout_s}s: {', '.join(dead)}") from None
             if ok:
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
             else:
                 errors.append(f"--- rank {rank} ---\n{payload}")
                 break

@@ -114,6 +114,12 @@ class DeepSpeedEngine(nn.Module):
         """One micro-step; at a boundary: optimizer step, LR step (unless skipped), counters, logging."""
         if self.is_gradient_accumulation_boundary():
             with self.timers.time(STEP):
+                if hasattr(self.optimizer, "grads_replicated"):
+                    # without the all-reduce (OneBitAdam's compression stage) ranks hold different
+                    # gradients: the norm and the overflow test must then be computed across ranks
+                    self.optimizer.grads_replicated = (
+                        self._reduce_this_step() and self.parts.reducer is not None or self.world_size == 1
+                    )
                 applied = self.optimizer.step()
                 applied = True if applied is None else bool(applied)  # apex optimizers return None
                 if applied and self.lr_scheduler is not None:
