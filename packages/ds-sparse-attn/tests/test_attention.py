@@ -14,8 +14,10 @@ from ds_sparse_attn import (
     LocalSlidingWindowSparsityConfig,
     SparseSelfAttention,
     VariableSparsityConfig,
+    _grouped_attention,
     _torch_attention,
 )
+from ds_sparse_attn._plan import BlockSparsePlan
 
 BLOCK = 4
 HEADS = 3
@@ -78,17 +80,112 @@ def assert_matches_dense(module: SparseSelfAttention, tensors, atol: float = 1e-
         torch.testing.assert_close(sparse_grad, dense_grad, atol=atol, rtol=1e-5)
 
 
+@pytest.fixture
+def grouped_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts calls of the grouped flash path, so a test knows which CPU path computed its result."""
+    calls: list[int] = []
+    apply = _grouped_attention.GroupedFlashAttentionFunction.apply
+
+    def counting_apply(*args):
+        calls.append(1)
+        return apply(*args)
+
+    monkeypatch.setattr(_grouped_attention.GroupedFlashAttentionFunction, "apply", counting_apply)
+    return calls
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-gather"])
 @pytest.mark.parametrize("attention", ["bidirectional", "unidirectional"])
 @pytest.mark.parametrize("name", sorted(CONFIGS))
-def test_every_layout_matches_dense(name: str, attention: str) -> None:
-    module = SparseSelfAttention(CONFIGS[name](attention), max_seq_length=32)
+def test_every_layout_matches_dense(
+    name: str, attention: str, backend: str, grouped_calls: list[int]
+) -> None:
+    module = SparseSelfAttention(CONFIGS[name](attention), max_seq_length=32, backend=backend)
     assert_matches_dense(module, inputs())
+    assert len(grouped_calls) == (backend == "torch")
+
+
+@pytest.mark.parametrize("name", ["fixed", "bigbird", "local"])
+def test_groups_cover_the_layout_exactly(name: str) -> None:
+    layout = CONFIGS[name]("bidirectional").make_layout(64)
+    plan = BlockSparsePlan(layout, BLOCK, torch.device("cpu"))
+    nb = layout.shape[1]
+    rebuilt = torch.zeros(HEADS * nb, nb, dtype=torch.bool)
+    seen = torch.zeros(HEADS * nb, dtype=torch.int64)
+    for group in plan.groups:
+        for rows, cols in zip(group.rows, group.cols):
+            seen[rows] += 1
+            rebuilt[rows[:, None], cols] = True
+            assert bool((rows // nb == rows[0] // nb).all())  # one head per group
+    assert torch.equal(rebuilt, layout.bool().reshape(-1, nb))
+    assert int(seen.max()) == 1  # every row in at most one group (rows attending nothing in none)
+
+
+def test_fixed_layout_groups_whole_windows() -> None:
+    config = FixedSparsityConfig(HEADS, BLOCK, num_local_blocks=4, num_global_blocks=1)
+    plan = BlockSparsePlan(config.make_layout(64), BLOCK, torch.device("cpu"))
+    # 16 blocks: 4 windows of 4 rows per head, each attending its window plus 3 other windows' global block
+    assert [(tuple(g.rows.shape), g.width) for g in plan.groups] == [((HEADS * 4, 4), 7)]
+
+
+@pytest.mark.parametrize("with_rpe", [False, True])
+@pytest.mark.parametrize("kp_mode", ["add", "mul"])
+@pytest.mark.parametrize("am_mode", ["add", "mul"])
+def test_grouped_path_with_masks_and_constant_rpe(
+    kp_mode: str, am_mode: str, with_rpe: bool, grouped_calls: list[int]
+) -> None:
+    config = BigBirdSparsityConfig(HEADS, BLOCK, True, num_random_blocks=1)
+    module = SparseSelfAttention(
+        config, key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode, max_seq_length=32
+    )
+    g = torch.Generator().manual_seed(7)
+    seq_len = 32
+    kp = (torch.rand(2, seq_len, generator=g) > 0.3).float()
+    kp[:, 0] = 1
+    kp_additive = torch.zeros_like(kp).masked_fill(kp == 0, float("-inf")) if kp_mode == "mul" else kp
+    am = (torch.rand(seq_len, seq_len, generator=g) > 0.3).float()
+    am[:, 0] = 1
+    am_additive = torch.zeros_like(am).masked_fill(am == 0, float("-inf")) if am_mode == "mul" else am
+    kwargs = {
+        "key_padding_mask": kp,
+        "attn_mask": am,
+        "_kp_additive": kp_additive,
+        "_am_additive": am_additive,
+    }
+    if with_rpe:  # a constant rpe (no gradient wanted) goes into the kernel's mask too
+        kwargs["rpe"] = torch.randn(HEADS, seq_len, seq_len, generator=g)
+    assert_matches_dense(module, inputs(), **kwargs)
+    assert len(grouped_calls) == 1
+
+
+def test_grouped_path_key_padding_alone_in_chunks(
+    monkeypatch: pytest.MonkeyPatch, grouped_calls: list[int]
+) -> None:
+    monkeypatch.setattr(_grouped_attention, "_CHUNK_KV_ELEMS", 100)  # one group per kernel call
+    config = BigBirdSparsityConfig(HEADS, BLOCK, True, num_random_blocks=1, num_global_blocks=2)
+    module = SparseSelfAttention(config, max_seq_length=64)
+    kp = torch.randn(2, 64, generator=torch.Generator().manual_seed(2))
+    assert_matches_dense(module, inputs(seq_len=64), key_padding_mask=kp, _kp_additive=kp)
+    assert len(grouped_calls) == 1
+
+
+def test_grouped_path_gradcheck_float64(grouped_calls: list[int]) -> None:
+    config = VariableSparsityConfig(2, 2, True, num_random_blocks=1, local_window_blocks=[2])
+    module = SparseSelfAttention(config, max_seq_length=8)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 2, 8, 3, dtype=torch.float64, generator=g, requires_grad=True) for _ in range(3)
+    )
+    assert torch.autograd.gradcheck(module, (q, k, v))
+    assert grouped_calls
 
 
 @pytest.mark.parametrize("attention", ["bidirectional", "unidirectional"])
 @pytest.mark.parametrize("kp_mode", ["add", "mul"])
 @pytest.mark.parametrize("am_mode", ["add", "mul"])
-def test_masks_and_rpe_match_dense(attention: str, kp_mode: str, am_mode: str) -> None:
+def test_masks_and_rpe_match_dense(
+    attention: str, kp_mode: str, am_mode: str, grouped_calls: list[int]
+) -> None:
     config = BigBirdSparsityConfig(HEADS, BLOCK, True, num_random_blocks=1, attention=attention)
     module = SparseSelfAttention(
         config, key_padding_mask_mode=kp_mode, attn_mask_mode=am_mode, max_seq_length=64
@@ -119,6 +216,7 @@ def test_masks_and_rpe_match_dense(attention: str, kp_mode: str, am_mode: str) -
         _kp_additive=kp_additive,
         _am_additive=am_additive,
     )
+    assert not grouped_calls  # an rpe that needs a gradient takes the gathered-matmul path
 
 
 @pytest.mark.parametrize("shape", [(32, 32), (1, 1, 32, 32), (2, HEADS, 32, 32)])
