@@ -139,3 +139,25 @@ def test_sparse_attention_from_config():
     attn = ds_engine.sparse_attention.sparse_self_attention(config, num_heads=2)
     q = torch.randn(1, 2, 64, 8)
     assert attn(q, q, q).shape == (1, 2, 64, 8)
+
+
+@pytest.mark.parametrize("opt_level", ["O1", "O2"])
+def test_amp_trains_through_the_engine(opt_level):
+    engine, *_ = ds_engine.initialize(
+        model=net(),
+        config=cfg(
+            gradient_accumulation_steps=1,
+            train_batch_size=2,
+            amp={"enabled": True, "opt_level": opt_level, "cast_model_type": "bfloat16"},
+        ),
+    )
+    torch.manual_seed(3)
+    x = torch.randn(2, 4)
+    first = last = None
+    for _ in range(6):
+        loss = engine(x).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        first = loss.item() if first is None else first
+        last = loss.item()
+    assert engine.global_steps == 6 and last < first

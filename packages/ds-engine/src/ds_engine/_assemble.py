@@ -97,7 +97,7 @@ def assemble(
             fp32_grad_accum=cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32",
             module=model,
         )
-    if not cfg.amp.enabled and cfg.zero_optimization.stage == 0 and dp_world_size > 1:
+    if cfg.zero_optimization.stage == 0 and dp_world_size > 1:  # amp is never ZeRO (ds_config rejects it)
         reducer = ds_zero.GradientReducer.from_config(
             _reduction_targets(model, wrapped), cfg, process_group=dp_group
         )
