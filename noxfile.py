@@ -9,7 +9,10 @@ import nox
 
 # --- constants -------------------------------------------------------------------------------------
 ROOT = Path(__file__).parent
-TORCH = "torch==2.13.0"  # the CPU build that lies on these machines' disk; packages accept a range
+TORCH = "torch==2.13.0"  # the test environments' torch; the packages themselves accept a range
+# Machines of this project keep the CPU build of that torch on disk; installing the file itself keeps uv
+# from choosing a multi-GB CUDA build from the index.
+LOCAL_TORCH_WHEELS = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6"]
 # package -> (its internal dependencies, extras its tests exercise)
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
@@ -20,13 +23,15 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-checkpoint": (["ds-config"], []),
     "ds-sparse-attn": (["ds-config"], ["plot"]),
     "ds-launch": (["ds-config"], ["mpi"]),
-    "ds-engine": (["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn",
-                   "ds-launch"], []),
+    "ds-engine": (
+        ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch"],
+        [],
+    ),
 }
 WORLD_SIZES = [1, 2, 4]
 PER_TEST_TIMEOUT_S = "600"
 
-nox.options.default_venv_backend = "venv"
+nox.options.default_venv_backend = "uv|venv"
 nox.options.sessions = ["tests"]
 
 
@@ -36,8 +41,9 @@ def _local(name: str, extras: list[str] | None = None) -> str:
 
 
 def _install(session: nox.Session, names: list[str], extras: dict[str, list[str]] | None = None) -> None:
-    """Install torch first (the local CPU build), then the named packages from this checkout, non-editable."""
-    session.install(TORCH, *TEST_DEPS)
+    """Install torch (unless only ds-config is asked for: it must work without), then the named packages."""
+    torch = [str(LOCAL_TORCH_WHEELS[-1]) if LOCAL_TORCH_WHEELS else TORCH] if names != ["ds-config"] else []
+    session.install(*torch, *TEST_DEPS)
     session.install(*[_local(n, (extras or {}).get(n)) for n in names])
 
 
@@ -57,16 +63,33 @@ def package_tests(session: nox.Session, package: str) -> None:
     """One package's tests with only it (and what it declares) installed into a fresh environment."""
     deps, extras = PACKAGES[package]
     _install(session, [*deps, package], {package: extras})
-    session.run("python", "-m", "pytest", f"packages/{package}/tests", "-q", f"--timeout={PER_TEST_TIMEOUT_S}",
-                "-p", "no:cacheprovider", *session.posargs)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        f"packages/{package}/tests",
+        "-q",
+        f"--timeout={PER_TEST_TIMEOUT_S}",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+    )
 
 
 @nox.session
 def kernels(session: nox.Session) -> None:
     """Sparse-attention kernel tests under Numba's CUDA simulator (and on a GPU when one is present)."""
     _install(session, ["ds-config", "ds-sparse-attn"], {"ds-sparse-attn": ["cuda"]})
-    session.run("python", "-m", "pytest", "kernels", "-q", f"--timeout={PER_TEST_TIMEOUT_S}", *session.posargs,
-                env={"NUMBA_ENABLE_CUDASIM": "0" if _gpu_count() else "1"})
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "kernels",
+        "-q",
+        f"--timeout={PER_TEST_TIMEOUT_S}",
+        *session.posargs,
+        env={"NUMBA_ENABLE_CUDASIM": "0" if _gpu_count() else "1"},
+    )
 
 
 @nox.session
@@ -77,8 +100,16 @@ def integration(session: nox.Session, world_size: int) -> None:
     if gpus and world_size > gpus:
         session.skip(f"world size {world_size} needs {world_size} GPUs, found {gpus}")
     _install(session, list(PACKAGES), {"ds-launch": ["mpi"], "ds-engine": []})
-    session.run("python", "-m", "pytest", "integration", "-q", f"--timeout={PER_TEST_TIMEOUT_S}",
-                *session.posargs, env={"DS_TEST_WORLD_SIZE": str(world_size)})
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "integration",
+        "-q",
+        f"--timeout={PER_TEST_TIMEOUT_S}",
+        *session.posargs,
+        env={"DS_TEST_WORLD_SIZE": str(world_size)},
+    )
 
 
 @nox.session
@@ -101,13 +132,23 @@ def docs(session: nox.Session) -> None:
 def train(session: nox.Session) -> None:
     """The main job: a real 2-rank training run of a small GPT on built-in defaults (args pass through)."""
     _install(session, list(PACKAGES), {"ds-sparse-attn": ["plot"]})
-    session.run("ds-launch", "--num_procs", os.environ.get("DS_NUM_PROCS", "2"), "examples/train_gpt.py",
-                *session.posargs)
+    session.run(
+        "ds-launch",
+        "--num_procs",
+        os.environ.get("DS_NUM_PROCS", "2"),
+        "examples/train_gpt.py",
+        *session.posargs,
+    )
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """Everything CI runs: lint, docs, each package alone, kernels, integration at every world size."""
-    for name in ["lint", "docs", *[f"pkg(package='{p}')" for p in PACKAGES], "kernels",
-                 *[f"integration(world_size={w})" for w in WORLD_SIZES]]:
+    for name in [
+        "lint",
+        "docs",
+        *[f"pkg(package='{p}')" for p in PACKAGES],
+        "kernels",
+        *[f"integration(world_size={w})" for w in WORLD_SIZES],
+    ]:
         session.notify(name)
