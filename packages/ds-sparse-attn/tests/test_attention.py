@@ -119,6 +119,16 @@ def test_groups_cover_the_layout_exactly(name: str) -> None:
             assert bool((rows // nb == rows[0] // nb).all())  # one head per group
     assert torch.equal(rebuilt, layout.bool().reshape(-1, nb))
     assert int(seen.max()) == 1  # every row in at most one group (rows attending nothing in none)
+    split = plan.common_split
+    if split is not None:  # the common columns plus the rest groups are the layout too, without overlap
+        common, rest = split
+        rebuilt = torch.zeros(HEADS, nb, nb, dtype=torch.int64)
+        rebuilt[torch.arange(HEADS)[:, None], :, common] += 1
+        rebuilt = rebuilt.reshape(-1, nb)
+        for group in rest:
+            for rows, cols in zip(group.rows, group.cols):
+                rebuilt[rows[:, None], cols] += 1
+        assert torch.equal(rebuilt, layout.reshape(-1, nb).long())
 
 
 def test_fixed_layout_groups_whole_windows() -> None:
@@ -126,6 +136,17 @@ def test_fixed_layout_groups_whole_windows() -> None:
     plan = BlockSparsePlan(config.make_layout(64), BLOCK, torch.device("cpu"))
     # 16 blocks: 4 windows of 4 rows per head, each attending its window plus 3 other windows' global block
     assert [(tuple(g.rows.shape), g.width) for g in plan.groups] == [((HEADS * 4, 4), 7)]
+    common, rest = plan.common_split  # every row attends every window's global (last) block
+    assert common.tolist() == [[3, 7, 11, 15]] * HEADS
+    assert [(tuple(g.rows.shape), g.width) for g in rest] == [((HEADS * 4, 4), 3)]
+    unidirectional = FixedSparsityConfig(HEADS, BLOCK, num_local_blocks=4, attention="unidirectional")
+    assert BlockSparsePlan(unidirectional.make_layout(64), BLOCK, torch.device("cpu")).common_split is None
+
+
+def test_dense_layout_is_all_common() -> None:
+    plan = BlockSparsePlan(DenseSparsityConfig(HEADS, BLOCK).make_layout(32), BLOCK, torch.device("cpu"))
+    common, rest = plan.common_split
+    assert common.shape == (HEADS, 8) and rest == []
 
 
 @pytest.mark.parametrize("with_rpe", [False, True])

@@ -67,8 +67,85 @@ def _mask(bias: ScoreBias, group: Group, part: slice, block: int, dtype: torch.d
     return term.to(dtype)
 
 
+def _forward_groups(
+    qf: torch.Tensor,
+    kf: torch.Tensor,
+    vf: torch.Tensor,
+    groups: list[Group],
+    bias: ScoreBias,
+    block: int,
+    scale: float,
+    empty_lse: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Output (B, H * nb, bs * D) and log-sum-exp (B, H * nb, bs) over the groups' blocks; rows in no group
+    get zeros and `empty_lse`."""
+    batch, dim = qf.shape[0], qf.shape[2] // block
+    out = torch.zeros_like(qf)
+    lse = torch.full(qf.shape[:2] + (block,), empty_lse, dtype=qf.dtype)
+    for group in groups:
+        for part in _chunks(group, block, dim, bias):
+            rows, keys = group.rows[part], group.keys[part]
+            o, chunk_lse = _flash_forward(
+                _gather(qf, rows, block),
+                _gather(kf, keys, block),
+                _gather(vf, keys, block),
+                attn_mask=_mask(bias, group, part, block, qf.dtype),
+                scale=scale,
+            )
+            flat_rows = rows.reshape(-1)
+            out.index_copy_(1, flat_rows, o.reshape(batch, -1, block * dim))
+            lse.index_copy_(1, flat_rows, chunk_lse.reshape(batch, -1, block))
+    return out, lse
+
+
+def _backward_groups(
+    saved: tuple[torch.Tensor, ...],
+    grads: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    groups: list[Group],
+    bias: ScoreBias,
+    block: int,
+    scale: float,
+) -> None:
+    """Add the groups' contributions to the gradients grads = (dq, dk, dv), all (B, H * nb, bs * D)."""
+    qf, kf, vf, out, lse, dof = saved
+    dq, dk, dv = grads
+    batch, dim = qf.shape[0], qf.shape[2] // block
+    for group in groups:
+        for part in _chunks(group, block, dim, bias):
+            rows, keys = group.rows[part], group.keys[part]
+            flat_rows, flat_keys = rows.reshape(-1), keys.reshape(-1)
+            gq, gk, gv = _flash_backward(
+                _gather(dof, rows, block),
+                _gather(qf, rows, block),
+                _gather(kf, keys, block),
+                _gather(vf, keys, block),
+                _gather(out, rows, block),
+                lse.index_select(1, flat_rows).view(batch, rows.shape[0], -1),
+                0.0,
+                False,
+                attn_mask=_mask(bias, group, part, block, qf.dtype),
+                scale=scale,
+            )
+            dq.index_add_(1, flat_rows, gq.reshape(batch, -1, block * dim))
+            dk.index_add_(1, flat_keys, gk.reshape(batch, -1, block * dim))
+            dv.index_add_(1, flat_keys, gv.reshape(batch, -1, block * dim))
+
+
+def _common_keys(plan: BlockSparsePlan, common: torch.Tensor) -> torch.Tensor:
+    """(H, C) common key blocks -> (H * C,) flat block index head * nb + col."""
+    heads = torch.arange(plan.num_heads, device=common.device)[:, None]
+    return (heads * plan.num_blocks + common).reshape(-1)
+
+
 class GroupedFlashAttentionFunction(torch.autograd.Function):
-    """softmax(scale * Q K^T + bias) V on a layout's blocks for (B, H, L, D) contiguous CPU tensors."""
+    """softmax(scale * Q K^T + bias) V on a layout's blocks for (B, H, L, D) contiguous CPU tensors.
+
+    Without bias, the key blocks every row of a head attends (plan.common_split) are one kernel call per
+    head over all rows, the rest per group; the two partial results merge exactly through their
+    log-sum-exps. The backward pass gives each part the merged output and log-sum-exp, which makes the
+    kernel's probabilities exp(s - lse) and its rowsum(dO * O) the full softmax's, so the parts' gradients
+    simply add up.
+    """
 
     @staticmethod
     def forward(
@@ -86,23 +163,28 @@ class GroupedFlashAttentionFunction(torch.autograd.Function):
         bs = plan.block
         qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs * dim) for t in (q, k, v))
         bias = ScoreBias(rpe, key_padding, attn)
-        out = torch.zeros_like(qf)  # rows without any block attend to nothing
-        lse = torch.zeros(qf.shape[:2] + (bs,), dtype=q.dtype)
-        for group in plan.groups:
-            for part in _chunks(group, bs, dim, bias):
-                rows, keys = group.rows[part], group.keys[part]
-                o, chunk_lse = _flash_forward(
-                    _gather(qf, rows, bs),
-                    _gather(kf, keys, bs),
-                    _gather(vf, keys, bs),
-                    attn_mask=_mask(bias, group, part, bs, q.dtype),
-                    scale=scale,
-                )
-                flat_rows = rows.reshape(-1)
-                out.index_copy_(1, flat_rows, o.reshape(batch, -1, bs * dim))
-                lse.index_copy_(1, flat_rows, chunk_lse.reshape(batch, -1, bs))
+        split = plan.common_split if bias.empty else None
+        if split is None:
+            out, lse = _forward_groups(qf, kf, vf, plan.groups, bias, bs, scale, 0.0)
+        else:
+            common, rest = split
+            out_rest, lse_rest = _forward_groups(qf, kf, vf, rest, bias, bs, scale, float("-inf"))
+            keys = _common_keys(plan, common)
+            out_common, lse_common = _flash_forward(
+                q,
+                kf.index_select(1, keys).view(batch, heads, -1, dim),
+                vf.index_select(1, keys).view(batch, heads, -1, dim),
+                scale=scale,
+            )
+            lse_common = lse_common.reshape(lse_rest.shape)
+            lse = torch.logaddexp(lse_common, lse_rest)
+            out = out_common.view_as(out_rest).view(batch, -1, bs, dim) * (lse_common - lse).exp_().unsqueeze(
+                -1
+            )
+            out.add_(out_rest.view_as(out) * (lse_rest - lse).exp_().unsqueeze(-1))
+            out = out.view_as(qf)
         ctx.save_for_backward(q, k, v, out, lse, rpe, key_padding, attn)
-        ctx.plan, ctx.scale = plan, scale
+        ctx.plan, ctx.scale, ctx.split = plan, scale, split is not None
         return out.view(batch, heads, length, dim)
 
     @staticmethod
@@ -114,26 +196,27 @@ class GroupedFlashAttentionFunction(torch.autograd.Function):
         qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs * dim) for t in (q, k, v))
         dof = grad_out.contiguous().view_as(out)
         bias = ScoreBias(rpe, key_padding, attn)
-        dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(kf), torch.zeros_like(vf)
-        for group in plan.groups:
-            for part in _chunks(group, bs, dim, bias):
-                rows, keys = group.rows[part], group.keys[part]
-                chunk_lse = lse.index_select(1, rows.reshape(-1)).view(batch, rows.shape[0], -1)
-                gq, gk, gv = _flash_backward(
-                    _gather(dof, rows, bs),
-                    _gather(qf, rows, bs),
-                    _gather(kf, keys, bs),
-                    _gather(vf, keys, bs),
-                    _gather(out, rows, bs),
-                    chunk_lse,
-                    0.0,
-                    False,
-                    attn_mask=_mask(bias, group, part, bs, q.dtype),
-                    scale=scale,
-                )
-                flat_keys = keys.reshape(-1)
-                dq.index_copy_(1, rows.reshape(-1), gq.reshape(batch, -1, bs * dim))  # a row is in one group
-                dk.index_add_(1, flat_keys, gk.reshape(batch, -1, bs * dim))
-                dv.index_add_(1, flat_keys, gv.reshape(batch, -1, bs * dim))
+        dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
+        groups = plan.groups
+        if ctx.split:
+            common, groups = plan.common_split
+            keys = _common_keys(plan, common)
+            dq, gk, gv = _flash_backward(
+                dof.view(q.shape),
+                q,
+                kf.index_select(1, keys).view(batch, heads, -1, dim),
+                vf.index_select(1, keys).view(batch, heads, -1, dim),
+                out.view(q.shape),
+                lse.view(batch, heads, length),
+                0.0,
+                False,
+                scale=scale,
+            )
+            dq = dq.reshape_as(qf)
+            dk.index_add_(1, keys, gk.reshape(batch, -1, bs * dim))
+            dv.index_add_(1, keys, gv.reshape(batch, -1, bs * dim))
+        else:
+            dq = torch.zeros_like(qf)
+        _backward_groups((qf, kf, vf, out, lse, dof), (dq, dk, dv), groups, bias, bs, scale)
         shape = q.shape
         return dq.view(shape), dk.view(shape), dv.view(shape), None, None, None, None, None

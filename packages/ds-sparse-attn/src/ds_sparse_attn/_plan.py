@@ -136,28 +136,24 @@ class BlockSparsePlan:
     @cached_property
     def groups(self) -> list[Group]:
         """Rows grouped by identical (head, key block set), then by group shape (R, K), exactly: no padding."""
-        nb = self.num_blocks
-        by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
-        for head in range(self.num_heads):
-            layout = self.layout[head]
-            _, inverse, sizes = torch.unique(
-                layout.to(torch.uint8), dim=0, return_inverse=True, return_counts=True
-            )
-            order = torch.argsort(inverse, stable=True)  # rows of each set together, ascending
-            starts = (sizes.cumsum(0) - sizes).tolist()
-            widths = layout[order[starts]].sum(-1).tolist()
-            for start, size, width in zip(starts, sizes.tolist(), widths):
-                if width > 0:  # rows attending nothing output zeros
-                    by_shape.setdefault((size, width), []).append(head * nb + order[start : start + size])
-        flat = self.layout.reshape(-1, nb)
-        return [self._group(flat, torch.stack(members), width) for (_, width), members in by_shape.items()]
+        return _group_rows(self.layout)
 
-    def _group(self, flat: torch.Tensor, rows: torch.Tensor, width: int) -> Group:
-        nb = self.num_blocks
-        present = flat[rows[:, 0]]  # (G, nb): the set shared by the group's rows
-        cols = torch.argsort((~present).to(torch.int8), dim=1, stable=True)[:, :width]
-        heads = rows[:, 0] // nb
-        return Group(rows=rows, heads=heads, qrows=rows % nb, cols=cols, keys=heads[:, None] * nb + cols)
+    @cached_property
+    def common_split(self) -> tuple[torch.Tensor, list[Group]] | None:
+        """(common, rest groups): common (H, C) key blocks every query row of its head attends (a fixed
+        layout's global columns), and the groups of the layout without them; None when no column is common
+        to all rows (then `groups` is the whole story).
+
+        Attending the common blocks is one large kernel call per head with no per-group re-gathering of the
+        same key blocks; its result and the rest's merge through their log-sum-exps.
+        """
+        everyone = self.layout.all(dim=1)  # (H, nb)
+        width = int(everyone.sum(-1).min())  # equal width for one batched call; the surplus goes to the rest
+        if width == 0:
+            return None
+        common = torch.argsort((~everyone).to(torch.int8), dim=1, stable=True)[:, :width]
+        taken = torch.zeros_like(everyone).scatter_(1, common, True)
+        return common, _group_rows(self.layout & ~taken[:, None, :])
 
     @cached_property
     def flat(self) -> FlatLayout:
@@ -181,3 +177,27 @@ class BlockSparsePlan:
             col_ptr=as_i32(torch.cat([zero, col_counts.cumsum(0)])),
             col_perm=as_i32(col_perm),
         )
+
+
+def _group_rows(layout: torch.Tensor) -> list[Group]:
+    """Group the rows of an (H, nb, nb) layout by identical (head, key block set), then by shape (R, K)."""
+    num_heads, nb = layout.shape[0], layout.shape[1]
+    by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for head in range(num_heads):
+        rows = layout[head]
+        _, inverse, sizes = torch.unique(rows.to(torch.uint8), dim=0, return_inverse=True, return_counts=True)
+        order = torch.argsort(inverse, stable=True)  # rows of each set together, ascending
+        starts = (sizes.cumsum(0) - sizes).tolist()
+        widths = rows[order[starts]].sum(-1).tolist()
+        for start, size, width in zip(starts, sizes.tolist(), widths):
+            if width > 0:  # rows attending nothing output zeros
+                by_shape.setdefault((size, width), []).append(head * nb + order[start : start + size])
+    flat = layout.reshape(-1, nb)
+    return [_group(flat, torch.stack(members), width, nb) for (_, width), members in by_shape.items()]
+
+
+def _group(flat: torch.Tensor, rows: torch.Tensor, width: int, nb: int) -> Group:
+    present = flat[rows[:, 0]]  # (G, nb): the set shared by the group's rows
+    cols = torch.argsort((~present).to(torch.int8), dim=1, stable=True)[:, :width]
+    heads = rows[:, 0] // nb
+    return Group(rows=rows, heads=heads, qrows=rows % nb, cols=cols, keys=heads[:, None] * nb + cols)
