@@ -1,12 +1,13 @@
 #!/usr/bin/env python
-"""Throughput and memory of ds_zero stages 0/1/2 against PyTorch DDP (gloo) and DeepSpeed (CPU).
+"""Training throughput and memory: ds (through ds_engine.initialize) vs PyTorch DDP (gloo) vs DeepSpeed (CPU).
 
 One run trains a GPT-style model (about 13M parameters: 4 layers, width 384, sequence 256, micro batch
-4) on 2 ranks in fp32 and bf16, and prints a markdown table of tokens/s and per-rank memory against the
-ZeRO formula. When /work/venvs/deepspeed exists, the real ``deepspeed`` package runs the same model and
-config there (DS_ACCELERATOR=cpu), launched as a subprocess of this script with that venv's python.
+4) on 2 ranks in fp32 and bf16 at ZeRO stages 0/1/2, and prints a markdown table of tokens/s and per-rank
+memory against the ZeRO formula. ds and DeepSpeed get the same config and the same client AdamW. When
+/work/venvs/deepspeed exists, the real ``deepspeed`` package runs there (DS_ACCELERATOR=cpu), launched as
+a subprocess of this script with that venv's python.
 
-    .venv/bin/python tools/bench_zero.py [--steps 4] [--warmup 1] [--no-deepspeed]
+    .venv/bin/python tools/bench_training.py [--steps 4] [--warmup 1] [--no-deepspeed]
 """
 
 from __future__ import annotations
@@ -122,14 +123,25 @@ def _timed_loop(step_fn, steps: int, warmup: int) -> float:
     return (time.perf_counter() - start) / steps
 
 
-def _ours_case(rank: int, impl: str, stage: int, dtype: torch.dtype, steps: int, warmup: int) -> dict:
-    from ds_zero import GradientReducer, ZeroOptimizer
+def _config(stage: int, dtype_name: str) -> dict:
+    """The config both ds and DeepSpeed run (DeepSpeed 0.19 defaults gradient_clipping to 1.0: explicit here)."""
+    return {
+        "train_micro_batch_size_per_gpu": MICRO_BATCH,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": CLIP,
+        "zero_optimization": {"stage": stage},
+        "bf16": {"enabled": dtype_name == "bf16"},
+        "steps_per_print": 10_000,
+    }
 
-    model = make_model(dtype)
+
+def _ours_case(rank: int, impl: str, stage: int, dtype: torch.dtype, steps: int, warmup: int) -> dict:
+    model = make_model(torch.float32)
     numel = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
     memory = None
     if impl == "ddp":
+        model = model.to(dtype)
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
         ddp = nn.parallel.DistributedDataParallel(model)
 
         def step_fn(i: int) -> None:
@@ -137,32 +149,31 @@ def _ours_case(rank: int, impl: str, stage: int, dtype: torch.dtype, steps: int,
             nn.utils.clip_grad_norm_(model.parameters(), CLIP)
             opt.step()
             opt.zero_grad()
-    elif stage == 0:
-        reducer = GradientReducer(model)
-
-        def step_fn(i: int) -> None:
-            reducer.set_boundary(True)
-            model(*batch(rank, i)).backward()
-            reducer.reduce()
-            nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            opt.step()
-            opt.zero_grad()
     else:
-        zero = ZeroOptimizer(opt, stage=stage, clip_grad=CLIP)
+        import ds_engine
+
+        opt = torch.optim.AdamW(model.parameters(), lr=LR)
+        dtype_name = "bf16" if dtype == torch.bfloat16 else "fp32"
+        engine, *_ = ds_engine.initialize(model=model, optimizer=opt, config=_config(stage, dtype_name))
 
         def step_fn(i: int) -> None:
-            zero.backward(model(*batch(rank, i)))
-            zero.step()
+            engine.backward(engine(*batch(rank, i)))
+            engine.step()
 
     seconds = _timed_loop(step_fn, steps, warmup)
-    if impl == "ds_zero" and stage > 0:
-        rep = zero.memory_report()
-        memory = rep.total_bytes
-    elif impl == "ds_zero":  # stage 0 holds everything whole
-        memory = sum(
-            _nbytes(p) + (_nbytes(p.grad) if p.grad is not None else _nbytes(p)) for p in model.parameters()
+    if impl == "ds" and stage > 0:
+        memory = engine.optimizer.memory_report().total_bytes
+    elif impl == "ds":  # stage 0 holds everything whole: weights, grads, fp32 master (bf16) and Adam state
+        params = list(engine.module.parameters())
+        memory = sum(2 * _nbytes(p) for p in params)
+        if dtype != torch.float32:
+            memory += sum(4 * p.numel() * 2 for p in params)  # fp32 master + fp32 grad buffer
+        memory += sum(
+            _nbytes(v)
+            for s in engine.basic_optimizer.state.values()
+            for v in s.values()
+            if torch.is_tensor(v)
         )
-        memory += sum(_nbytes(v) for s in opt.state.values() for v in s.values() if torch.is_tensor(v))
     return {"seconds_per_step": seconds, "numel": numel, "memory_bytes": memory}
 
 
@@ -228,14 +239,7 @@ def _ds_cases(rank: int, cases: list, steps: int, warmup: int) -> list[dict]:
     for _, stage, dtype_name in cases:
         model = make_model(torch.float32)
         numel = sum(p.numel() for p in model.parameters())
-        config = {
-            "train_micro_batch_size_per_gpu": MICRO_BATCH,
-            "gradient_accumulation_steps": 1,
-            "gradient_clipping": CLIP,
-            "zero_optimization": {"stage": stage},
-            "bf16": {"enabled": dtype_name == "bf16"},
-            "zero_allow_untested_optimizer": True,
-        }
+        config = {**_config(stage, dtype_name), "zero_allow_untested_optimizer": True}
         opt = torch.optim.AdamW(model.parameters(), lr=LR)
         engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
 
@@ -316,7 +320,7 @@ def _table(results: list[dict], steps: int, warmup: int) -> str:
         tps = tokens / r["seconds_per_step"]
         vs_ddp = ddp[r["dtype"]] / r["seconds_per_step"] if r["dtype"] in ddp else float("nan")
         ds_s = ds.get((r["stage"], r["dtype"]))
-        vs_ds = f"{ds_s / r['seconds_per_step']:.2f}x" if ds_s and r["impl"] == "ds_zero" else ""
+        vs_ds = f"{ds_s / r['seconds_per_step']:.2f}x" if ds_s and r["impl"] == "ds" else ""
         mem = formula = ratio = ""
         if r["memory_bytes"] is not None:
             f = zero_formula_bytes(r["numel"], r["stage"], DTYPES[r["dtype"]], WORLD)
@@ -354,7 +358,7 @@ def main() -> None:
         print("\n".join(f"| {r['collective']} | {r['ms']:.1f} |" for r in rows))
         return
     dtypes = args.dtypes.split(",")
-    ours = [("ddp", 0, d) for d in dtypes] + [("ds_zero", s, d) for d in dtypes for s in STAGES]
+    ours = [("ddp", 0, d) for d in dtypes] + [("ds", s, d) for d in dtypes for s in STAGES]
     results = _run_spawned(_ours_worker, ours, args.steps, args.warmup)
     if not args.no_deepspeed and DS_PYTHON.exists():
         results += _run_deepspeed(
