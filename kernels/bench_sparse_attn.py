@@ -4,6 +4,10 @@
     .venv/bin/python kernels/bench_sparse_attn.py --device cuda        # GPU: Numba kernels vs Flex vs SDPA
     .venv/bin/python kernels/bench_sparse_attn.py --skip-dense-above 8192   # no 16384 dense run
 
+Methods: ds-sparse-attn (default backend: on CPU torch's fused flash kernel over groups of query rows that
+share their key blocks), ds-sparse-attn-gather (backend='torch-gather': the earlier batched matmuls over
+gathered blocks), flex-compiled, sdpa-dense.
+
 Every (method, sequence) case runs in a fresh subprocess so that its peak memory (CPU: peak RSS above the
 process's RSS after the inputs were created; CUDA: torch.cuda.max_memory_allocated above the inputs) is its
 own. Layout: FixedSparsityConfig, local window 4 blocks, 1 global block, block 64, bidirectional.
@@ -67,8 +71,10 @@ def run_case(args: argparse.Namespace) -> dict:
     )
     grad = torch.randn_like(q)
     result = {"method": args.method, "seq": seq, "density": float(layout.float().mean()), "compile_s": None}
-    if args.method == "ds-sparse-attn":
-        module = SparseSelfAttention(config, max_seq_length=seq).to(device)
+    if args.method.startswith("ds-sparse-attn"):
+        # ds-sparse-attn-gather: the earlier CPU path (batched matmuls over gathered blocks), for comparison
+        backend = "torch-gather" if args.method == "ds-sparse-attn-gather" else "auto"
+        module = SparseSelfAttention(config, max_seq_length=seq, backend=backend).to(device)
         attention = lambda q, k, v: module(q, k, v)  # noqa: E731
     elif args.method == "sdpa-dense":
         attention = torch.nn.functional.scaled_dot_product_attention
@@ -129,7 +135,12 @@ def main() -> None:
     parser.add_argument("--block", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", nargs="+", default=["ds-sparse-attn", "flex-compiled", "sdpa-dense"])
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=["ds-sparse-attn", "ds-sparse-attn-gather", "flex-compiled", "sdpa-dense"],
+        choices=["ds-sparse-attn", "ds-sparse-attn-gather", "flex-compiled", "sdpa-dense"],
+    )
     parser.add_argument(
         "--skip-dense-above", type=int, default=None, help="skip dense SDPA above this length"
     )
