@@ -13,7 +13,7 @@ TORCH = "torch==2.13.0"  # the test environments' torch; the packages themselves
 # Machines of this project keep the CPU build of that torch on disk; installing the file itself keeps uv
 # from choosing a multi-GB CUDA build from the index.
 LOCAL_TORCH_WHEELS = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "numpy"]
 # package -> (its internal dependencies, extras its tests exercise)
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-config": ([], []),
