@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from conftest import HERE, launch
 
 SCRIPT = HERE / "scripts" / "engine_parity.py"
@@ -79,11 +80,21 @@ RESUME_CONFIGS = ["stage0-fp32-gas1", "stage1-fp32-gas4", "stage2-fp32-gas1", "s
 def test_save_at_two_ranks_resume_at_this_world_size(tmp_path, ws):
     only = [a for name in RESUME_CONFIGS for a in ("--only", name)]
     full = tmp_path / "full.json"
-    launch("engine_parity.py", str(full), *only, "--save", str(tmp_path / "ckpt"), "--save-at", "3",
-           num_procs=2)
+    launch(
+        "engine_parity.py", str(full), *only, "--save", str(tmp_path / "ckpt"), "--save-at", "3", num_procs=2
+    )
     resumed = tmp_path / "resumed.json"
-    launch("engine_parity.py", str(resumed), *only, "--load", str(tmp_path / "ckpt"), "--start", "3",
-           "--steps", "3")
+    launch(
+        "engine_parity.py",
+        str(resumed),
+        *only,
+        "--load",
+        str(tmp_path / "ckpt"),
+        "--start",
+        "3",
+        "--steps",
+        "3",
+    )
     uninterrupted, after = _losses(full), _losses(resumed)
     for name in RESUME_CONFIGS:
         tol = 1e-5 if "fp32" in name else 1e-3

@@ -14,8 +14,9 @@ from __future__ import annotations
 import ast
 import re
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSEMBLER = "ds-engine"
@@ -63,8 +64,11 @@ def check(root: Path = ROOT) -> list[str]:
     """Every contract violation under ``root/packages``, one message each."""
     packages = root / "packages"
     problems: list[str] = []
-    projects = {p.name: tomllib.loads((p / "pyproject.toml").read_text())["project"]
-                for p in sorted(packages.iterdir()) if (p / "pyproject.toml").exists()}
+    projects = {
+        p.name: tomllib.loads((p / "pyproject.toml").read_text())["project"]
+        for p in sorted(packages.iterdir())
+        if (p / "pyproject.toml").exists()
+    }
     versions = {name: proj["version"] for name, proj in projects.items()}
     if len(set(versions.values())) > 1:
         problems.append(f"versions are not in lock-step: {versions}")
@@ -78,7 +82,9 @@ def check(root: Path = ROOT) -> list[str]:
             if dep not in projects:
                 problems.append(f"{name}: requires unknown package {dep}")
             elif not admits(spec, versions[dep]):
-                problems.append(f"{name}: requirement '{dep}{spec}' must be a range '>=X,<Y' admitting {versions[dep]}")
+                problems.append(
+                    f"{name}: requirement '{dep}{spec}' must be a range '>=X,<Y' admitting {versions[dep]}"
+                )
         if name == ASSEMBLER:
             missing = sorted(set(projects) - {ASSEMBLER} - set(declared))
             if missing:
@@ -89,7 +95,9 @@ def check(root: Path = ROOT) -> list[str]:
                 continue
             dist = module.replace("_", "-")
             if name != ASSEMBLER and module != import_name(FOUNDATION):
-                problems.append(f"{name} imports sibling {module} (only ds_config is allowed) at {', '.join(places[:3])}")
+                problems.append(
+                    f"{name} imports sibling {module} (only ds_config is allowed) at {', '.join(places[:3])}"
+                )
             elif dist not in declared:
                 problems.append(f"{name} imports {module} but does not declare {dist} in its dependencies")
     return problems

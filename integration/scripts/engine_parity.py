@@ -11,36 +11,49 @@ import argparse
 import itertools
 import json
 
+import ds_engine
 import torch
 import torch.distributed as dist
-
-import ds_engine
 
 GLOBAL_BATCH = 16
 STEPS = 6
 WARMUP = 2
-PRECISIONS = {"fp32": {}, "bf16": {"bf16": {"enabled": True}},
-              "fp16": {"fp16": {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 2}}}
+PRECISIONS = {
+    "fp32": {},
+    "bf16": {"bf16": {"enabled": True}},
+    "fp16": {"fp16": {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 2}},
+}
 
 
 def configs() -> dict[str, dict]:
     out = {}
     for stage, prec, gas in itertools.product((0, 1, 2), PRECISIONS, (1, 4)):
-        cfg = {"train_batch_size": GLOBAL_BATCH, "gradient_accumulation_steps": gas, "steps_per_print": 1000,
-               "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
-               "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": WARMUP, "warmup_max_lr": 3e-3,
-                                                            "warmup_type": "linear"}},
-               "gradient_clipping": 0.5,
-               "zero_optimization": {"stage": stage, "reduce_bucket_size": 200, "allgather_bucket_size": 300},
-               **PRECISIONS[prec]}
+        cfg = {
+            "train_batch_size": GLOBAL_BATCH,
+            "gradient_accumulation_steps": gas,
+            "steps_per_print": 1000,
+            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "weight_decay": 0.01}},
+            "scheduler": {
+                "type": "WarmupLR",
+                "params": {"warmup_num_steps": WARMUP, "warmup_max_lr": 3e-3, "warmup_type": "linear"},
+            },
+            "gradient_clipping": 0.5,
+            "zero_optimization": {"stage": stage, "reduce_bucket_size": 200, "allgather_bucket_size": 300},
+            **PRECISIONS[prec],
+        }
         out[f"stage{stage}-{prec}-gas{gas}"] = cfg
     return out
 
 
 def model() -> torch.nn.Module:
     torch.manual_seed(1234)
-    return torch.nn.Sequential(torch.nn.Embedding(32, 12), torch.nn.Flatten(), torch.nn.Linear(48, 24),
-                               torch.nn.GELU(), torch.nn.Linear(24, 32))
+    return torch.nn.Sequential(
+        torch.nn.Embedding(32, 12),
+        torch.nn.Flatten(),
+        torch.nn.Linear(48, 24),
+        torch.nn.GELU(),
+        torch.nn.Linear(24, 32),
+    )
 
 
 def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -61,8 +74,8 @@ def run(cfg: dict, steps: range, save: str | None, save_at: int | None, load: st
         total = torch.zeros(())
         for micro in range(gas):
             lo = (micro * world + rank) * mbs  # this rank's slice of the global batch
-            logits = engine(x[lo:lo + mbs])
-            loss = torch.nn.functional.cross_entropy(logits.float(), y[lo:lo + mbs])
+            logits = engine(x[lo : lo + mbs])
+            loss = torch.nn.functional.cross_entropy(logits.float(), y[lo : lo + mbs])
             engine.backward(loss)
             engine.step()
             total += loss.detach() / gas
@@ -86,7 +99,9 @@ def reference(cfg: dict, steps: range) -> list[float]:
         x, y = data(step)
         total = 0.0
         for micro in range(gas):
-            loss = torch.nn.functional.cross_entropy(net(x[micro * mbs:(micro + 1) * mbs]), y[micro * mbs:(micro + 1) * mbs])
+            loss = torch.nn.functional.cross_entropy(
+                net(x[micro * mbs : (micro + 1) * mbs]), y[micro * mbs : (micro + 1) * mbs]
+            )
             (loss / gas).backward()
             total += loss.item() / gas
         norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in net.parameters())).item()
