@@ -26,12 +26,16 @@ from ._plan import BlockSparsePlan, Group
 # negligible, small enough that the extra memory stays a bounded chunk.
 _CHUNK_KV_ELEMS = 1 << 22
 
-_flash_forward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+# Private aten ops (the kernels behind CPU scaled_dot_product_attention, with the log-sum-exp exposed);
+# a torch without them falls back to the gathered-matmul path.
+_flash_forward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_flash_backward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 
 
 def usable(query: torch.Tensor, rpe: torch.Tensor | None) -> bool:
     """Whether the grouped flash path applies: CPU fp32/fp64 and no rpe that needs a gradient."""
+    if _flash_forward is None or _flash_backward is None:
+        return False
     if query.device.type != "cpu" or query.dtype not in (torch.float32, torch.float64):
         return False
     return rpe is None or not (rpe.requires_grad and torch.is_grad_enabled())
@@ -178,10 +182,10 @@ class GroupedFlashAttentionFunction(torch.autograd.Function):
             )
             lse_common = lse_common.reshape(lse_rest.shape)
             lse = torch.logaddexp(lse_common, lse_rest)
-            out = out_common.view_as(out_rest).view(batch, -1, bs, dim) * (lse_common - lse).exp_().unsqueeze(
-                -1
-            )
-            out.add_(out_rest.view_as(out) * (lse_rest - lse).exp_().unsqueeze(-1))
+            # in place on the kernel's output: out = o_common * exp(lse_c - lse) + o_rest * exp(lse_r - lse)
+            out = out_common.view(batch, -1, bs, dim)
+            out.mul_(lse_common.sub_(lse).exp_().unsqueeze(-1))
+            out.addcmul_(out_rest.view_as(out), lse_rest.sub_(lse).exp_().unsqueeze(-1))
             out = out.view_as(qf)
         ctx.save_for_backward(q, k, v, out, lse, rpe, key_padding, attn)
         ctx.plan, ctx.scale, ctx.split = plan, scale, split is not None
