@@ -3,6 +3,7 @@
     .venv/bin/python kernels/bench_sparse_attn.py                      # CPU, seq 4096 and 16384
     .venv/bin/python kernels/bench_sparse_attn.py --device cuda        # GPU: Numba kernels vs Flex vs SDPA
     .venv/bin/python kernels/bench_sparse_attn.py --skip-dense-above 8192   # no 16384 dense run
+    .venv/bin/python kernels/bench_sparse_attn.py --interleaved --methods ds-sparse-attn   # fair ratios
 
 Methods: ds-sparse-attn (default backend: on CPU torch's fused flash kernel over groups of query rows that
 share their key blocks), ds-sparse-attn-gather (backend='torch-gather': the earlier batched matmuls over
@@ -124,6 +125,46 @@ def run_case(args: argparse.Namespace) -> dict:
     return result
 
 
+def run_interleaved(args: argparse.Namespace) -> None:
+    """Alternate ds-sparse-attn, its gathered path and dense SDPA call by call in this process, so load from
+    other processes hits all of them alike; prints best-of-repeats times and ratios to dense."""
+    from ds_sparse_attn import FixedSparsityConfig, SparseSelfAttention
+
+    print("| seq | method | fwd ms | fwd+bwd ms | fwd speed-up vs dense | fwd+bwd speed-up vs dense |")
+    print("|---|---|---|---|---|---|")
+    for seq in args.seqs:
+        torch.manual_seed(0)
+        config = FixedSparsityConfig(args.heads, args.block, num_local_blocks=4, num_global_blocks=1)
+        q, k, v = (torch.randn(1, args.heads, seq, args.dim, requires_grad=True) for _ in range(3))
+        grad = torch.randn_like(q)
+        methods = {
+            "ds-sparse-attn": SparseSelfAttention(config, max_seq_length=seq),
+            "ds-sparse-attn-gather": SparseSelfAttention(config, max_seq_length=seq, backend="torch-gather"),
+            "sdpa-dense": torch.nn.functional.scaled_dot_product_attention,
+        }
+        methods = {name: fn for name, fn in methods.items() if name in args.methods or name == "sdpa-dense"}
+        times: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "fwd_bwd": []} for name in methods}
+        for fn in methods.values():  # warm-up
+            with torch.no_grad():
+                fn(q, k, v)
+        for _ in range(args.repeats):
+            for name, fn in methods.items():
+                start = time.perf_counter()
+                with torch.no_grad():
+                    fn(q, k, v)
+                times[name]["fwd"].append(time.perf_counter() - start)
+                start = time.perf_counter()
+                fn(q, k, v).backward(grad)
+                times[name]["fwd_bwd"].append(time.perf_counter() - start)
+        best = {name: {kind: min(ts) for kind, ts in kinds.items()} for name, kinds in times.items()}
+        dense = best["sdpa-dense"]
+        for name, b in best.items():
+            print(
+                f"| {seq} | {name} | {b['fwd'] * 1e3:.0f} | {b['fwd_bwd'] * 1e3:.0f} | "
+                f"{dense['fwd'] / b['fwd']:.2f}x | {dense['fwd_bwd'] / b['fwd_bwd']:.2f}x |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,12 +186,20 @@ def main() -> None:
         "--skip-dense-above", type=int, default=None, help="skip dense SDPA above this length"
     )
     parser.add_argument("--json", default=None, help="also write the results to this JSON file")
+    parser.add_argument(
+        "--interleaved",
+        action="store_true",
+        help="CPU: alternate ds-sparse-attn (and -gather if in --methods) with dense SDPA in one process",
+    )
     parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.case:
         print(json.dumps(run_case(args)))
+        return
+    if args.interleaved:
+        run_interleaved(args)
         return
     rows = []
     for seq in args.seqs:
