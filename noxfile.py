@@ -99,7 +99,7 @@ def integration(session: nox.Session, world_size: int) -> None:
     gpus = _gpu_count()
     if gpus and world_size > gpus:
         session.skip(f"world size {world_size} needs {world_size} GPUs, found {gpus}")
-    _install(session, list(PACKAGES), {"ds-launch": ["mpi"], "ds-engine": []})
+    _install(session, list(PACKAGES), {"ds-launch": ["mpi"], "ds-sparse-attn": ["plot"]})
     session.run(
         "python",
         "-m",
