@@ -172,7 +172,7 @@ def bench_onebit(numels: list[int], worlds: list[int], steps: int) -> str:
     import torch.multiprocessing as mp
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
-    from ds_testing import free_port
+    from rank_testing import free_port
 
     ctx = mp.get_context("spawn")
     lines = [

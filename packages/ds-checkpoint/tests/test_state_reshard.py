@@ -9,7 +9,7 @@ import pytest
 import torch
 from _sharded import GROUPS, STATES, adam_step, full_state, grad_for, partition, shard_of
 from ds_checkpoint import TagValidationError, load_state, save_state
-from ds_testing import spawn
+from rank_testing import spawn
 
 SAVE_STEP, TOTAL_STEPS = 3, 5
 

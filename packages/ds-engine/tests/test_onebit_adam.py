@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ds_engine
 import torch
-from ds_testing import spawn
+from rank_testing import spawn
 
 FREEZE = 3
 

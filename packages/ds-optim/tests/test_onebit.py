@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from ds_optim import OneBitAdam, build_optimizer
 from ds_optim._onebit import _Layout, pack_signs, unpack_signs
-from ds_testing import spawn
+from rank_testing import spawn
 
 
 def test_pack_unpack_signs_round_trip_zero_is_positive():

@@ -4,7 +4,7 @@ import math
 
 import torch
 from ds_precision import DynamicLossScaler, MixedPrecisionOptimizer
-from ds_testing import spawn
+from rank_testing import spawn
 
 
 def _run_rank(rank, world_size, overflow_steps_on_rank1):

@@ -17,7 +17,7 @@ from ds_sparse_attn import (
     from_config,
     plot_layout,
 )
-from ds_testing import spawn
+from rank_testing import spawn
 
 
 def rows(*patterns: str) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Module-level worker functions run by ds_testing.spawn (real processes, gloo)."""
+"""Module-level worker functions run by rank_testing.spawn (real processes, gloo)."""
 
 from __future__ import annotations
 

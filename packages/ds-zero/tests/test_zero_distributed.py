@@ -9,7 +9,7 @@ from __future__ import annotations
 import _workers as w
 import pytest
 import torch
-from ds_testing import spawn
+from rank_testing import spawn
 
 FP32_TOL = 2e-6
 ROUNDTRIP_CFG = {"stage": 2, "reduce_bucket_size": 30, "clip": 0.1, "scaler": True, "optim": "adam"}

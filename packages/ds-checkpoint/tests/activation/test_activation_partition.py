@@ -6,7 +6,7 @@ import torch.distributed as dist
 from act_models import assert_same_run, make_blocks, run_blocks
 from ds_checkpoint.activation import checkpoint, configure, get_rng_tracker, model_parallel_manual_seed
 from ds_checkpoint.activation._partition import gather_full, take_partition
-from ds_testing import spawn
+from rank_testing import spawn
 from torch.autograd.graph import saved_tensors_hooks
 
 SHAPE = (2, 8, 16)  # (B, T, C): 256 elements, 128 per rank

@@ -2,7 +2,7 @@
 
 import torch
 import torch.distributed as dist
-from ds_testing import spawn
+from rank_testing import spawn
 
 
 def _sum_of_ranks(rank: int, world_size: int) -> float:

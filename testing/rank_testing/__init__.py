@@ -1,9 +1,9 @@
 """Test-only helpers shared by the packages' test suites (not shipped in any package).
 
-The root ``conftest.py`` puts ``testing/`` on ``sys.path``, so ``from ds_testing import spawn`` works in
+The root ``conftest.py`` puts ``testing/`` on ``sys.path``, so ``from rank_testing import spawn`` works in
 every package's tests, including the per-package nox sessions that install one package alone.
 """
 
-from ds_testing.dist import free_port, spawn
+from rank_testing.dist import free_port, spawn
 
 __all__ = ["free_port", "spawn"]
