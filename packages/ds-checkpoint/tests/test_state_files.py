@@ -76,6 +76,36 @@ def test_sigkill_mid_save_leaves_previous_checkpoint_and_latest(tmp_path):
     assert (tmp_path / "latest").read_text() == "t3"
 
 
+KILLED_BETWEEN_RENAMES = textwrap.dedent(
+    """
+    import os, signal, sys, torch
+    from ds_checkpoint import save_state
+    real_replace = os.replace
+    def replace(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith(".t1.old"):  # the old t1 is moved aside; the new one not yet in place
+            os.kill(os.getpid(), signal.SIGKILL)
+    os.replace = replace
+    save_state(sys.argv[1], "t1", model_state={"w": torch.ones(2)})
+    """
+)
+
+
+def test_sigkill_between_the_renames_of_a_resave_keeps_the_old_tag(tmp_path):
+    _save_small(tmp_path)
+    proc = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_RENAMES, str(tmp_path)], check=False)
+    assert proc.returncode == -signal.SIGKILL
+    assert not (tmp_path / "t1").exists() and (tmp_path / ".t1.old").is_dir()
+    with pytest.warns(UserWarning, match=r"\.t1\.old"):
+        state = load_state(tmp_path)
+    assert state.counters == {"global_steps": 2}
+    torch.testing.assert_close(state.model_state, _model(), rtol=0, atol=0)
+    # the next save moves the old copy back into place and drops the half-published new one
+    _save_small(tmp_path, "t3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "t1", "t3"]
+    torch.testing.assert_close(load_state(tmp_path, "t1").model_state, _model(), rtol=0, atol=0)
+
+
 def test_resave_same_tag_replaces_it(tmp_path):
     _save_small(tmp_path)
     save_state(tmp_path, "t1", model_state={"w": torch.ones(2)}, save_rng=False)

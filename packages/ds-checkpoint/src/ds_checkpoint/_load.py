@@ -57,9 +57,18 @@ def resolve_checkpoint(load_dir: str | os.PathLike, tag: str | None = None) -> P
             return None
         tag = latest.read_text().strip()
     path = load_dir / str(tag)
-    if not path.is_dir():
-        raise CheckpointNotFoundError(f"checkpoint directory {path} does not exist")
-    return path
+    if path.is_dir():
+        return path
+    previous = load_dir / f".{tag}.old"
+    if previous.is_dir():
+        # a re-save of this tag was killed between its two renames: the old copy is complete
+        warnings.warn(
+            f"checkpoint directory {path} is missing; loading {previous}, the complete earlier save of "
+            f"tag {tag!r} (a save over it was interrupted). The next save into {load_dir} moves it back.",
+            stacklevel=2,
+        )
+        return previous
+    raise CheckpointNotFoundError(f"checkpoint directory {path} does not exist")
 
 
 def covering_pieces(

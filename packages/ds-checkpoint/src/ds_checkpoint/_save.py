@@ -173,9 +173,18 @@ def rng_tensors() -> tuple[dict[str, torch.Tensor], dict[str, str]]:
 
 # ------------------------------------------------------------------------------- the save
 def _clean_stale(save_dir: Path) -> None:
-    """Remove half-written tags (``.<tag>.tmp``) left by a save that was killed."""
+    """Tidy up after a save that was killed.
+
+    A half-written ``.<tag>.tmp`` is removed. A ``.<tag>.old`` is the complete previous save of a tag
+    that was being overwritten: if the kill came between the two renames of :func:`_publish` (so
+    ``<tag>`` is missing), it is moved back into place; otherwise it is a leftover and removed.
+    """
     for entry in save_dir.iterdir():
-        if entry.name.startswith(".") and entry.name.endswith((".tmp", ".old")) and entry.is_dir():
+        if not (entry.name.startswith(".") and entry.is_dir()):
+            continue
+        if entry.name.endswith(".old") and not (save_dir / entry.name[1:-4]).exists():
+            os.replace(entry, save_dir / entry.name[1:-4])
+        elif entry.name.endswith((".tmp", ".old")):
             shutil.rmtree(entry, ignore_errors=True)
 
 
