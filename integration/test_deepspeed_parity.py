@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERE, launch
+from conftest import HERE, launch, world_size
 
 FIXTURES = sorted((HERE / "fixtures" / "deepspeed_losses").glob("*.json"))
 ORIGINAL = HERE / "scripts" / "deepspeed_example.py"
@@ -36,7 +36,12 @@ def test_fixtures_cover_every_zero_stage():
     assert [f.name for f in FIXTURES] == [f"zero{s}_fp32_adam_warmuplr.json" for s in (0, 1, 2)]
 
 
-@pytest.mark.parametrize("fixture", FIXTURES, ids=lambda p: p.stem)
+# above 2 ranks only the stage that partitions most is re-checked: world-size independence of every
+# stage is test_engine_parity's job, and each extra launch of 4 ranks costs CI most of a minute
+AT_THIS_WORLD_SIZE = FIXTURES if world_size() <= 2 else [f for f in FIXTURES if f.stem.startswith("zero2")]
+
+
+@pytest.mark.parametrize("fixture", AT_THIS_WORLD_SIZE, ids=lambda p: p.stem)
 def test_loss_curve_matches_deepspeed(fixture: Path, ds_script: Path, tmp_path: Path):
     recorded = json.loads(fixture.read_text())
     assert recorded["deepspeed_version"] == "0.19.8"

@@ -6,6 +6,8 @@ Compares ``ds-launch`` (local and its mpi launcher), plain ``mpirun -n``, ``torc
 /work/venvs/deepspeed holds DeepSpeed, its ``deepspeed --num_gpus`` runner (DS_ACCELERATOR=cpu), all
 running the same rank script. Prints a markdown table; the figure per launcher is the median over
 repeats of (latest rank's all-reduce completion - launcher start), plus the launcher's total wall time.
+The "floor" rows time plain interpreters that only import torch, 1 and --procs of them at once: no
+launcher that starts fresh Python processes can reach its first all-reduce sooner.
 """
 
 from __future__ import annotations
@@ -117,6 +119,21 @@ def time_one(cmd: list[str], extra_env: dict[str, str], procs: int, timeout_s: f
         return max(done) - start, wall
 
 
+IMPORT_ONLY = "import time, torch; print(repr(time.time()))"
+
+
+def time_imports(procs: int) -> float:
+    """Seconds until ``procs`` plain interpreters started at once have all imported torch: the floor
+    under any launcher that starts fresh Python processes (no launcher, no rendezvous, no all-reduce)."""
+    start = time.time()
+    ps = [
+        subprocess.Popen([sys.executable, "-c", IMPORT_ONLY], stdout=subprocess.PIPE, text=True)
+        for _ in range(procs)
+    ]
+    done = [float(p.communicate()[0]) for p in ps]
+    return max(done) - start
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,6 +146,9 @@ def main() -> None:
     script = workdir / "allreduce_once.py"
     script.write_text(RANK_SCRIPT)
     rows = []
+    for n in sorted({1, args.procs}):
+        floor = statistics.median(time_imports(n) for _ in range(args.repeats))
+        rows.append(f"| floor: {n} x `python -c 'import torch'` at once | {floor:.2f} | | no launcher |")
     try:
         for name, (cmd, extra) in launchers(script, args.procs).items():
             try:

@@ -3,7 +3,9 @@
 
 One run trains a GPT-style model (about 13M parameters: 4 layers, width 384, sequence 256, micro batch
 4) on 2 ranks in fp32 and bf16 at ZeRO stages 0/1/2, and prints a markdown table of tokens/s and per-rank
-memory against the ZeRO formula. ds and DeepSpeed get the same config and the same client AdamW. When
+memory against the ZeRO formula. The "ceiling" rows run forward and backward alone on the same 2 ranks
+(no gradient communication, no optimizer step): no engine can be faster, so ceiling/DeepSpeed bounds any
+engine's speed-up over DeepSpeed. ds and DeepSpeed get the same config and the same client AdamW. When
 /work/venvs/deepspeed exists, the real ``deepspeed`` package runs there (DS_ACCELERATOR=cpu), launched as
 a subprocess of this script with that venv's python.
 
@@ -139,7 +141,13 @@ def _ours_case(rank: int, impl: str, stage: int, dtype: torch.dtype, steps: int,
     model = make_model(torch.float32)
     numel = sum(p.numel() for p in model.parameters())
     memory = None
-    if impl == "ddp":
+    if impl == "ceiling":  # forward and backward only: no gradient communication, no optimizer step
+        model = model.to(dtype)
+
+        def step_fn(i: int) -> None:
+            model(*batch(rank, i)).backward()
+            model.zero_grad()
+    elif impl == "ddp":
         model = model.to(dtype)
         opt = torch.optim.AdamW(model.parameters(), lr=LR)
         ddp = nn.parallel.DistributedDataParallel(model)
@@ -329,11 +337,19 @@ def _table(results: list[dict], steps: int, warmup: int) -> str:
                 f"{f / 2**20:.1f}",
                 f"{r['memory_bytes'] / f:.3f}",
             )
-        stage = r["stage"] if r["impl"] != "ddp" else "-"
+        stage = r["stage"] if r["impl"] not in ("ddp", "ceiling") else "-"
         lines.append(
             f"| {r['impl']} | {stage} | {r['dtype']} | {tps:.0f} | {vs_ddp:.2f}x | {vs_ds} | {mem} | "
             f"{formula} | {ratio} |"
         )
+    ceiling = {r["dtype"]: r["seconds_per_step"] for r in results if r["impl"] == "ceiling"}
+    bounds = [
+        f"{dtype} stage {stage}: {seconds / ceiling[dtype]:.2f}x"
+        for (stage, dtype), seconds in sorted(ds.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+        if dtype in ceiling
+    ]
+    if bounds:  # no engine can beat forward+backward alone: this bounds any speed-up over DeepSpeed
+        lines += ["", "ceiling (forward+backward only) vs deepspeed: " + ", ".join(bounds)]
     return "\n".join(lines)
 
 
@@ -358,7 +374,8 @@ def main() -> None:
         print("\n".join(f"| {r['collective']} | {r['ms']:.1f} |" for r in rows))
         return
     dtypes = args.dtypes.split(",")
-    ours = [("ddp", 0, d) for d in dtypes] + [("ds", s, d) for d in dtypes for s in STAGES]
+    ours = [(impl, 0, d) for d in dtypes for impl in ("ceiling", "ddp")]
+    ours += [("ds", s, d) for d in dtypes for s in STAGES]
     results = _run_spawned(_ours_worker, ours, args.steps, args.warmup)
     if not args.no_deepspeed and DS_PYTHON.exists():
         results += _run_deepspeed(

@@ -115,11 +115,7 @@ class DeepSpeedEngine(nn.Module):
         if self.is_gradient_accumulation_boundary():
             with self.timers.time(STEP):
                 if hasattr(self.optimizer, "grads_replicated"):
-                    # without the all-reduce (OneBitAdam's compression stage) ranks hold different
-                    # gradients: the norm and the overflow test must then be computed across ranks
-                    self.optimizer.grads_replicated = (
-                        self._reduce_this_step() and self.parts.reducer is not None or self.world_size == 1
-                    )
+                    self.optimizer.grads_replicated = self._grads_replicated()
                 applied = self.optimizer.step()
                 applied = True if applied is None else bool(applied)  # apex optimizers return None
                 if applied and self.lr_scheduler is not None:
@@ -134,6 +130,17 @@ class DeepSpeedEngine(nn.Module):
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
+
+    def _grads_replicated(self) -> bool:
+        """Does every rank hold the same gradients at this step?
+
+        True on one rank, and at stage 0 while the all-reduce runs. Otherwise (OneBitAdam's compression
+        stage skips the all-reduce) ranks hold different gradients, so the precision wrapper must compute
+        the norm and the overflow test across ranks.
+        """
+        if self.world_size == 1:
+            return True
+        return self.parts.reducer is not None and self._reduce_this_step()
 
     def _reduce_this_step(self) -> bool:
         """Stage 0 averages gradients, except while OneBitAdam compresses its momentum instead."""
