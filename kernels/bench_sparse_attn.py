@@ -130,8 +130,11 @@ def run_interleaved(args: argparse.Namespace) -> None:
     other processes hits all of them alike; prints best-of-repeats times and ratios to dense."""
     from ds_sparse_attn import FixedSparsityConfig, SparseSelfAttention
 
-    print("| seq | method | fwd ms | fwd+bwd ms | fwd speed-up vs dense | fwd+bwd speed-up vs dense |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| seq | method | fwd ms | fwd+bwd ms | fwd speed-up vs dense | fwd+bwd speed-up vs dense "
+        "| fwd speed-up vs Flex |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for seq in args.seqs:
         torch.manual_seed(0)
         config = FixedSparsityConfig(args.heads, args.block, num_local_blocks=4, num_global_blocks=1)
@@ -142,27 +145,58 @@ def run_interleaved(args: argparse.Namespace) -> None:
             "ds-sparse-attn-gather": SparseSelfAttention(config, max_seq_length=seq, backend="torch-gather"),
             "sdpa-dense": torch.nn.functional.scaled_dot_product_attention,
         }
+        if "flex-compiled" in args.methods:
+            methods["flex-compiled"] = _compiled_flex(config.make_layout(seq)[0].bool(), args.block, seq)
         methods = {name: fn for name, fn in methods.items() if name in args.methods or name == "sdpa-dense"}
         times: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "fwd_bwd": []} for name in methods}
-        for fn in methods.values():  # warm-up
+        for fn in methods.values():  # warm-up (and Flex's compile)
             with torch.no_grad():
-                fn(q, k, v)
+                fn(q.detach(), k.detach(), v.detach())
         for _ in range(args.repeats):
             for name, fn in methods.items():
                 start = time.perf_counter()
-                with torch.no_grad():
-                    fn(q, k, v)
+                with torch.no_grad():  # Flex on CPU refuses inputs that require grad, even here
+                    fn(q.detach(), k.detach(), v.detach())
                 times[name]["fwd"].append(time.perf_counter() - start)
+                if name == "flex-compiled":  # no CPU backward in torch 2.13
+                    continue
                 start = time.perf_counter()
                 fn(q, k, v).backward(grad)
                 times[name]["fwd_bwd"].append(time.perf_counter() - start)
-        best = {name: {kind: min(ts) for kind, ts in kinds.items()} for name, kinds in times.items()}
+        best = {
+            name: {kind: min(ts, default=None) for kind, ts in kinds.items()} for name, kinds in times.items()
+        }
         dense = best["sdpa-dense"]
+        flex = best.get("flex-compiled")
         for name, b in best.items():
-            print(
-                f"| {seq} | {name} | {b['fwd'] * 1e3:.0f} | {b['fwd_bwd'] * 1e3:.0f} | "
-                f"{dense['fwd'] / b['fwd']:.2f}x | {dense['fwd_bwd'] / b['fwd_bwd']:.2f}x |"
-            )
+            cells = [
+                _ms(b["fwd"]),
+                _ms(b["fwd_bwd"]),
+                _ratio(dense["fwd"], b["fwd"]),
+                _ratio(dense["fwd_bwd"], b["fwd_bwd"]),
+                _ratio(flex and flex["fwd"], b["fwd"]),
+            ]
+            print(f"| {seq} | {name} | " + " | ".join(cells) + " |")
+
+
+def _ms(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e3:.0f}"
+
+
+def _ratio(reference: float | None, seconds: float | None) -> str:
+    return "-" if reference is None or seconds is None else f"{reference / seconds:.2f}x"
+
+
+def _compiled_flex(blocks: torch.Tensor, block: int, seq: int):
+    """FlexAttention compiled for a (nb, nb) block layout shared by all heads; compiles on its first call."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return blocks[q_idx // block, kv_idx // block]
+
+    block_mask = create_block_mask(mask_mod, None, None, seq, seq, device="cpu", BLOCK_SIZE=block)
+    compiled = torch.compile(flex_attention, dynamic=False)
+    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
 
 
 def main() -> None:

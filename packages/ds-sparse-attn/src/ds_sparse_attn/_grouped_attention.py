@@ -42,6 +42,9 @@ def usable(query: torch.Tensor, rpe: torch.Tensor | None) -> bool:
 
 
 def _chunks(group: Group, block: int, dim: int, bias: ScoreBias) -> Iterator[slice]:
+    if bias.empty and _run(group.keys) is not None:  # keys read as a view: nothing gathered to bound
+        yield slice(None)
+        return
     # the gathered keys, or the mask when there is one and it is larger
     per_row = dim if bias.empty else max(dim, group.qrows.shape[1] * block)
     per_group = group.width * block * per_row
@@ -50,10 +53,51 @@ def _chunks(group: Group, block: int, dim: int, bias: ScoreBias) -> Iterator[sli
         yield slice(start, start + groups_per_chunk)
 
 
+def _run(index: torch.Tensor) -> tuple[int, int, int] | None:
+    """(start, group_step, block_step) when the block index (G, n) is index[g, j] = start + g * group_step +
+    j * block_step with non-negative steps (a fixed layout's windows and global columns), else None."""
+    groups, width = index.shape
+    start = int(index[0, 0])
+    group_step = int(index[1, 0]) - start if groups > 1 else 0
+    block_step = int(index[0, 1]) - start if width > 1 else 1
+    if group_step < 0 or block_step < 0:
+        return None
+    expected = start + group_step * torch.arange(groups)[:, None] + block_step * torch.arange(width)
+    return (start, group_step, block_step) if torch.equal(index, expected) else None
+
+
+def _view(x: torch.Tensor, run: tuple[int, int, int], groups: int, width: int, block: int) -> torch.Tensor:
+    """The blocks of a run of x (B, H * nb, bs * D), contiguous, as a (B, G, n, bs, D) view."""
+    start, group_step, block_step = run
+    row, dim = x.stride(1), x.shape[2] // block
+    return x.as_strided(
+        (x.shape[0], groups, width, block, dim),
+        (x.stride(0), group_step * row, block_step * row, dim, 1),
+        x.storage_offset() + start * row,
+    )
+
+
 def _gather(x: torch.Tensor, index: torch.Tensor, block: int) -> torch.Tensor:
-    """x (B, H * nb, bs * D) at block index (G, n) -> (B, G, n * bs, D), one contiguous copy."""
+    """x (B, H * nb, bs * D) at block index (G, n) -> (B, G, n * bs, D): a view when each group's blocks are
+    consecutive and the groups evenly spaced, else one contiguous copy."""
+    groups, width = index.shape
+    run = _run(index) if x.is_contiguous() else None
+    if run is not None and (run[2] == 1 or width == 1):
+        return _view(x, run, groups, width, block).flatten(2, 3)
     out = x.index_select(1, index.reshape(-1))
-    return out.view(x.shape[0], index.shape[0], index.shape[1] * block, -1)
+    return out.view(x.shape[0], groups, width * block, -1)
+
+
+def _add_blocks(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor, block: int) -> None:
+    """dst (B, H * nb, bs * D) at block index (G, n) += src (B, G, n * bs, D), in place without copying src
+    when the index is a run of distinct blocks."""
+    groups, width = index.shape
+    run = _run(index)
+    distinct = run is not None and (groups == 1 or run[1] > (width - 1) * run[2]) and run[2] > 0
+    if distinct:
+        _view(dst, run, groups, width, block).add_(src.unflatten(2, (width, block)))
+    else:
+        dst.index_add_(1, index.reshape(-1), src.reshape(dst.shape[0], -1, dst.shape[2]))
 
 
 def _mask(bias: ScoreBias, group: Group, part: slice, block: int, dtype: torch.dtype) -> torch.Tensor | None:
@@ -84,8 +128,7 @@ def _forward_groups(
     """Output (B, H * nb, bs * D) and log-sum-exp (B, H * nb, bs) over the groups' blocks; rows in no group
     get zeros and `empty_lse`."""
     batch, dim = qf.shape[0], qf.shape[2] // block
-    out = torch.zeros_like(qf)
-    lse = torch.full(qf.shape[:2] + (block,), empty_lse, dtype=qf.dtype)
+    out = lse = None
     for group in groups:
         for part in _chunks(group, block, dim, bias):
             rows, keys = group.rows[part], group.keys[part]
@@ -96,10 +139,19 @@ def _forward_groups(
                 attn_mask=_mask(bias, group, part, block, qf.dtype),
                 scale=scale,
             )
+            if rows.numel() == qf.shape[1] and _run(rows) == (0, rows.shape[1], 1):
+                # one call covered every row in order: its output is the result, nothing to copy
+                return o.view_as(qf), chunk_lse.reshape(batch, -1, block)
+            if out is None:
+                out, lse = _empty_result(qf, block, empty_lse)
             flat_rows = rows.reshape(-1)
             out.index_copy_(1, flat_rows, o.reshape(batch, -1, block * dim))
             lse.index_copy_(1, flat_rows, chunk_lse.reshape(batch, -1, block))
-    return out, lse
+    return (out, lse) if out is not None else _empty_result(qf, block, empty_lse)
+
+
+def _empty_result(qf: torch.Tensor, block: int, empty_lse: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.zeros_like(qf), torch.full(qf.shape[:2] + (block,), empty_lse, dtype=qf.dtype)
 
 
 def _backward_groups(
@@ -113,32 +165,30 @@ def _backward_groups(
     """Add the groups' contributions to the gradients grads = (dq, dk, dv), all (B, H * nb, bs * D)."""
     qf, kf, vf, out, lse, dof = saved
     dq, dk, dv = grads
-    batch, dim = qf.shape[0], qf.shape[2] // block
+    dim = qf.shape[2] // block
     for group in groups:
         for part in _chunks(group, block, dim, bias):
             rows, keys = group.rows[part], group.keys[part]
-            flat_rows, flat_keys = rows.reshape(-1), keys.reshape(-1)
             gq, gk, gv = _flash_backward(
                 _gather(dof, rows, block),
                 _gather(qf, rows, block),
                 _gather(kf, keys, block),
                 _gather(vf, keys, block),
                 _gather(out, rows, block),
-                lse.index_select(1, flat_rows).view(batch, rows.shape[0], -1),
+                _gather(lse, rows, block).squeeze(-1),
                 0.0,
                 False,
                 attn_mask=_mask(bias, group, part, block, qf.dtype),
                 scale=scale,
             )
-            dq.index_add_(1, flat_rows, gq.reshape(batch, -1, block * dim))
-            dk.index_add_(1, flat_keys, gk.reshape(batch, -1, block * dim))
-            dv.index_add_(1, flat_keys, gv.reshape(batch, -1, block * dim))
+            _add_blocks(dq, rows, gq, block)
+            _add_blocks(dk, keys, gk, block)
+            _add_blocks(dv, keys, gv, block)
 
 
 def _common_keys(plan: BlockSparsePlan, common: torch.Tensor) -> torch.Tensor:
-    """(H, C) common key blocks -> (H * C,) flat block index head * nb + col."""
-    heads = torch.arange(plan.num_heads, device=common.device)[:, None]
-    return (heads * plan.num_blocks + common).reshape(-1)
+    """(H, C) common key blocks -> (H, C) flat block index head * nb + col."""
+    return torch.arange(plan.num_heads)[:, None] * plan.num_blocks + common
 
 
 class GroupedFlashAttentionFunction(torch.autograd.Function):
@@ -163,43 +213,35 @@ class GroupedFlashAttentionFunction(torch.autograd.Function):
         plan: BlockSparsePlan,
         scale: float,
     ) -> torch.Tensor:
-        batch, heads, length, dim = q.shape
-        bs = plan.block
-        qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs * dim) for t in (q, k, v))
+        qf, kf, vf = plan.block_rows(q, k, v, flat=True)
         bias = ScoreBias(rpe, key_padding, attn)
         split = plan.common_split if bias.empty else None
         if split is None:
-            out, lse = _forward_groups(qf, kf, vf, plan.groups, bias, bs, scale, 0.0)
+            out, lse = _forward_groups(qf, kf, vf, plan.groups, bias, plan.block, scale, 0.0)
         else:
             common, rest = split
-            out_rest, lse_rest = _forward_groups(qf, kf, vf, rest, bias, bs, scale, float("-inf"))
+            out_rest, lse_rest = _forward_groups(qf, kf, vf, rest, bias, plan.block, scale, float("-inf"))
             keys = _common_keys(plan, common)
-            out_common, lse_common = _flash_forward(
-                q,
-                kf.index_select(1, keys).view(batch, heads, -1, dim),
-                vf.index_select(1, keys).view(batch, heads, -1, dim),
-                scale=scale,
-            )
-            lse_common = lse_common.reshape(lse_rest.shape)
-            lse = torch.logaddexp(lse_common, lse_rest)
-            # in place on the kernel's output: out = o_common * exp(lse_c - lse) + o_rest * exp(lse_r - lse)
-            out = out_common.view(batch, -1, bs, dim)
-            out.mul_(lse_common.sub_(lse).exp_().unsqueeze(-1))
-            out.addcmul_(out_rest.view_as(out), lse_rest.sub_(lse).exp_().unsqueeze(-1))
+            out, lse_common = _flash_forward(
+                q, _gather(kf, keys, plan.block), _gather(vf, keys, plan.block), scale=scale
+            )  # (B, H, L, D), (B, H, L)
+            lse_rest = lse_rest.view_as(lse_common)
+            # exact merge: out = o_c + w (o_r - o_c) with w = exp(lse_r) / (exp(lse_c) + exp(lse_r)), the
+            # rest's share of each row's softmax mass (0 for rows with no rest: lse_r = -inf)
+            out.lerp_(out_rest.view_as(out), torch.sub(lse_rest, lse_common).sigmoid_().unsqueeze(-1))
             out = out.view_as(qf)
+            lse = torch.logaddexp(lse_rest, lse_common)
         ctx.save_for_backward(q, k, v, out, lse, rpe, key_padding, attn)
         ctx.plan, ctx.scale, ctx.split = plan, scale, split is not None
-        return out.view(batch, heads, length, dim)
+        return out.view_as(q)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse, rpe, key_padding, attn = ctx.saved_tensors
         plan, scale = ctx.plan, ctx.scale
-        batch, heads, length, dim = q.shape
-        bs = plan.block
-        qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs * dim) for t in (q, k, v))
+        qf, kf, vf = plan.block_rows(q, k, v, flat=True)
         dof = grad_out.contiguous().view_as(out)
-        bias = ScoreBias(rpe, key_padding, attn)
+        lse = lse.reshape(qf.shape[0], qf.shape[1], plan.block)
         dk, dv = torch.zeros_like(kf), torch.zeros_like(vf)
         groups = plan.groups
         if ctx.split:
@@ -208,19 +250,19 @@ class GroupedFlashAttentionFunction(torch.autograd.Function):
             dq, gk, gv = _flash_backward(
                 dof.view(q.shape),
                 q,
-                kf.index_select(1, keys).view(batch, heads, -1, dim),
-                vf.index_select(1, keys).view(batch, heads, -1, dim),
+                _gather(kf, keys, plan.block),
+                _gather(vf, keys, plan.block),
                 out.view(q.shape),
-                lse.view(batch, heads, length),
+                lse.view(q.shape[:3]),
                 0.0,
                 False,
                 scale=scale,
             )
-            dq = dq.reshape_as(qf)
-            dk.index_add_(1, keys, gk.reshape(batch, -1, bs * dim))
-            dv.index_add_(1, keys, gv.reshape(batch, -1, bs * dim))
+            dq = dq.contiguous().view_as(qf)  # the kernel returns (B, L, H, D) memory order
+            _add_blocks(dk, keys, gk, plan.block)
+            _add_blocks(dv, keys, gv, plan.block)
         else:
             dq = torch.zeros_like(qf)
-        _backward_groups((qf, kf, vf, out, lse, dof), (dq, dk, dv), groups, bias, bs, scale)
-        shape = q.shape
-        return dq.view(shape), dk.view(shape), dv.view(shape), None, None, None, None, None
+        bias = ScoreBias(rpe, key_padding, attn)
+        _backward_groups((qf, kf, vf, out, lse, dof), (dq, dk, dv), groups, bias, plan.block, scale)
+        return dq.view_as(q), dk.view_as(q), dv.view_as(q), None, None, None, None, None

@@ -89,6 +89,13 @@ class BlockSparsePlan:
         self.num_heads, self.num_blocks = self.layout.shape[0], self.layout.shape[1]
         self.device = device
 
+    def block_rows(self, *tensors: torch.Tensor, flat: bool = False) -> tuple[torch.Tensor, ...]:
+        """(B, H, L, D) contiguous tensors as (B, H * nb, bs, D) views of their query/key block rows, or
+        (B, H * nb, bs * D) with flat=True."""
+        batch, dim = tensors[0].shape[0], tensors[0].shape[3]
+        shape = (self.block * dim,) if flat else (self.block, dim)
+        return tuple(t.view(batch, self.num_heads * self.num_blocks, *shape) for t in tensors)
+
     @cached_property
     def nnz(self) -> int:
         return int(self.layout.sum())
@@ -193,7 +200,10 @@ def _group_rows(layout: torch.Tensor) -> list[Group]:
             if width > 0:  # rows attending nothing output zeros
                 by_shape.setdefault((size, width), []).append(head * nb + order[start : start + size])
     flat = layout.reshape(-1, nb)
-    return [_group(flat, torch.stack(members), width, nb) for (_, width), members in by_shape.items()]
+    return [
+        _group(flat, torch.stack(sorted(members, key=lambda rows: int(rows[0]))), width, nb)
+        for (_, width), members in by_shape.items()
+    ]
 
 
 def _group(flat: torch.Tensor, rows: torch.Tensor, width: int, nb: int) -> Group:

@@ -68,9 +68,8 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
         plan: BlockSparsePlan,
         scale: float,
     ) -> torch.Tensor:
-        batch, heads, length, dim = q.shape
-        bs = plan.block
-        qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs, dim) for t in (q, k, v))
+        batch, bs = q.shape[0], plan.block
+        qf, kf, vf = plan.block_rows(q, k, v)
         bias = ScoreBias(rpe, key_padding, attn)
         out = torch.zeros_like(qf)  # rows without any block attend to nothing
         need_lse = any(ctx.needs_input_grad[:4])
@@ -90,15 +89,14 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
                 out.index_copy_(1, rows, torch.matmul(p, _gather_rows(vf, keys)))
         ctx.save_for_backward(q, k, v, out, lse, rpe, key_padding, attn)
         ctx.plan, ctx.scale = plan, scale
-        return out.view(batch, heads, length, dim)
+        return out.view_as(q)
 
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, out, lse, rpe, key_padding, attn = ctx.saved_tensors
         plan, scale = ctx.plan, ctx.scale
-        batch, heads, length, dim = q.shape
-        bs = plan.block
-        qf, kf, vf = (t.reshape(batch, heads * plan.num_blocks, bs, dim) for t in (q, k, v))
+        batch, bs = q.shape[0], plan.block
+        qf, kf, vf = plan.block_rows(q, k, v)
         dof = grad_out.contiguous().view_as(out)
         delta = (dof * out).sum(-1)  # (B, H * nb, bs): rowsum(dO * O) = rowsum(P * dP)
         bias = ScoreBias(rpe, key_padding, attn)
@@ -131,8 +129,7 @@ class BlockSparseAttentionFunction(torch.autograd.Function):
                 ds.mul_(scale)
                 dq.index_copy_(1, rows, torch.matmul(ds, kg))
                 dk.index_add_(1, keys.reshape(-1), _per_block(torch.matmul(ds.transpose(-1, -2), qg), bs))
-        shape = q.shape
-        return dq.view(shape), dk.view(shape), dv.view(shape), drpe, None, None, None, None
+        return dq.view_as(q), dk.view_as(q), dv.view_as(q), drpe, None, None, None, None
 
 
 def _per_block(x: torch.Tensor, block: int) -> torch.Tensor:
