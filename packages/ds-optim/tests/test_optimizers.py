@@ -6,7 +6,7 @@ import types
 
 import pytest
 import torch
-from ds_optim import CPUAdam, Lamb, OptimizerConfigError, build_optimizer, optimizer_from_config
+from ds_optim import CPUAdam, Lamb, OptimizerConfigError, _cpu_adam, build_optimizer, optimizer_from_config
 
 STEPS = 60
 
@@ -124,14 +124,77 @@ def test_adam_without_bias_correction_is_built_on_cpu_adam():
     _assert_close(actual, ref_adam(grads, wd=0.0, decoupled=True, bias_correction=False, **HP))
 
 
+@pytest.fixture(params=["one_pass", "two_pass"])
+def copy_path(request, monkeypatch):
+    """Run a test on the Numba one-pass kernel (skipped without numba) and on the torch fallback."""
+    if request.param == "one_pass":
+        pytest.importorskip("numba")
+        module = _cpu_adam._load_numba_adam()
+        calls = []
+
+        def counting(*args, **kwargs):
+            calls.append(1)
+            return module.adam_step_with_copy(*args, **kwargs)
+
+        monkeypatch.setattr(_cpu_adam, "_load_numba_adam", lambda: _Spy(module, counting))
+        return calls
+    monkeypatch.setattr(_cpu_adam, "_load_numba_adam", lambda: None)
+    return None
+
+
+class _Spy:
+    def __init__(self, module, step):
+        self.DTYPES = module.DTYPES
+        self.adam_step_with_copy = step
+
+
+def _bits(x: torch.Tensor) -> torch.Tensor:
+    return x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_cpu_adam_writes_low_precision_copy(dtype):
+@pytest.mark.parametrize("decoupled", [True, False])
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_cpu_adam_writes_low_precision_copy(dtype, decoupled, bias_correction, copy_path):
     grads = _grads()
     lowp = [torch.empty(p.shape, dtype=dtype) for p in _params()]
-    actual, _ = _run(lambda ps: CPUAdam(ps, weight_decay=0.01, **HP), grads, lowp_params=lowp)
-    _assert_close(actual, ref_adam(grads, wd=0.01, decoupled=True, bias_correction=True, **HP))
+    actual, _ = _run(
+        lambda ps: CPUAdam(
+            ps, weight_decay=0.01, adamw_mode=decoupled, bias_correction=bias_correction, **HP
+        ),
+        grads,
+        lowp_params=lowp,
+    )
+    _assert_close(
+        actual, ref_adam(grads, wd=0.01, decoupled=decoupled, bias_correction=bias_correction, **HP)
+    )
     for p, q in zip(actual, lowp):
-        assert torch.equal(q, p.to(dtype))
+        assert torch.equal(_bits(q), _bits(p.to(dtype)))
+    if copy_path is not None:  # bf16 goes through the one-pass kernel, fp16 stays on the torch path
+        assert len(copy_path) == (len(grads) * len(lowp) if dtype == torch.bfloat16 else 0)
+
+
+def test_cpu_adam_bf16_copy_is_bit_identical_for_ties_nan_inf_and_subnormals(copy_path):
+    """Every fp32 bit class: ties to even, values that round up to inf, NaNs with any payload and sign."""
+    gen = torch.Generator().manual_seed(3)
+    random_bits = torch.randint(-(2**31), 2**31 - 1, (20_000,), generator=gen, dtype=torch.int64)
+    ties = (random_bits[:4000] & ~0xFFFF) | 0x8000  # exactly halfway between two bf16 values
+    special = torch.tensor(
+        [0x7F7FFFFF, 0x7F7F8000, 0x7F800000, 0x7F800001, 0x7FFFFFFF, 0x00000001, 0x007F8000]
+    )
+    bits = torch.cat([random_bits, ties, special, -special]).to(torch.int32)
+    p = torch.nn.Parameter(bits.view(torch.float32).clone())
+    p.grad = torch.randn(p.shape, generator=gen)
+    p.grad[:50] = float("nan")
+    q = torch.empty(p.shape, dtype=torch.bfloat16)
+    opt = CPUAdam([p], lr=0.0)  # lr 0 keeps most weights bit for bit, so the special patterns are cast
+    for _ in range(2):
+        opt.step(lowp_params=[q])
+    assert torch.equal(_bits(q), _bits(p.detach().to(torch.bfloat16)))
+    finite = bits.view(torch.float32).isfinite()
+    finite[:50] = False  # NaN gradients turn these weights into NaN
+    kept = torch.equal(_bits(p.detach())[finite], bits[finite])
+    assert kept, "lr=0 should leave finite weights unchanged, so the special bit patterns were tested"
 
 
 def test_cpu_adam_rejects_mismatched_lowp_params():

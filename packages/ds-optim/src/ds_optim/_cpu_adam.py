@@ -1,17 +1,21 @@
 """CPUAdam: Adam/AdamW for ZeRO offload on fp32 master weights, with an optional low-precision copy.
 
-The update runs on torch's fused Adam kernel (``torch._fused_adam_``/``torch._fused_adamw_``), which ships
-compiled with torch, so nothing is compiled at install or first use. A Numba ``prange`` kernel was measured
-as the alternative and was 2-3x slower on 2 threads (docs/benchmarks/ds-optim.md), so it is not shipped.
+Without a low-precision copy the update runs on torch's fused Adam kernel (``torch._fused_adam_``/
+``torch._fused_adamw_``), which ships compiled with torch and is the fastest update alone here
+(docs/benchmarks/ds-optim.md).
 
-The low-precision copy (bf16/fp16 weights that the model computes with) is written by one multi-tensor copy
-right after the update. Interleaving the copy chunk by chunk (to keep each chunk in cache) was measured and
-was much slower: each call of the fused kernel has a large fixed cost on CPU.
+With a copy (``step(lowp_params=...)``, the bf16/fp16 weights the model computes with) and numba installed
+(``pip install 'ds-optim[fast]'``), a Numba kernel updates weights and moments and writes the copy in the
+same pass over memory (``_numba_adam``; JIT-compiled by numba's bundled LLVM, so no compiler at install).
+Without numba, or for tensors it does not take (not CPU, not contiguous fp32), the fused kernel runs and
+one multi-tensor copy follows: a second pass over the weights.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import cache
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -20,6 +24,25 @@ __all__ = ["CPUAdam"]
 
 # A step of +inf makes both bias corrections (1 - beta**step) exactly 1, which is Adam without them.
 _NO_BIAS_CORRECTION_STEP = float("inf")
+
+
+@cache
+def _load_numba_adam() -> ModuleType | None:
+    """The one-pass kernel module, or None without numba (the torch two-pass path is used then)."""
+    try:
+        from ds_optim import _numba_adam
+    except ImportError:
+        return None
+    return _numba_adam
+
+
+def _one_pass_ok(tensors: list[torch.Tensor], lowp: torch.Tensor, dtypes: tuple[torch.dtype, ...]) -> bool:
+    return (
+        lowp.dtype in dtypes
+        and all(t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors)
+        and lowp.device.type == "cpu"
+        and lowp.is_contiguous()
+    )
 
 
 class CPUAdam(torch.optim.Optimizer):
@@ -103,11 +126,46 @@ class CPUAdam(torch.optim.Optimizer):
             params, grads, exp_avgs, exp_avg_sqs = self._group_state(group)
             for p in params:
                 self.state[p]["step"] += 1
+            if lowp_of and self._one_pass(group, params, grads, exp_avgs, exp_avg_sqs, lowp_of):
+                continue
             self._kernel(group, params, grads, exp_avgs, exp_avg_sqs, [self.state[p]["step"] for p in params])
             pairs = [(lowp_of[id(p)], p) for p in params if id(p) in lowp_of]
             if pairs:
                 torch._foreach_copy_([q for q, _ in pairs], [p for _, p in pairs])
         return loss
+
+    def _one_pass(
+        self,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        lowp_of: dict[int, torch.Tensor],
+    ) -> bool:
+        """Update and copy ``group`` with the Numba kernel; False (nothing done) when it cannot."""
+        numba_adam = _load_numba_adam()
+        if numba_adam is None:
+            return False
+        rows = list(zip(params, grads, exp_avgs, exp_avg_sqs))
+        if not all(_one_pass_ok(list(row), lowp_of[id(row[0])], numba_adam.DTYPES) for row in rows):
+            return False
+        for p, g, m, v in rows:
+            numba_adam.adam_step_with_copy(
+                p,
+                g,
+                m,
+                v,
+                lowp_of[id(p)],
+                step=self.state[p]["step"].item(),
+                lr=group["lr"],
+                betas=group["betas"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+                adamw_mode=group["adamw_mode"],
+                bias_correction=group["bias_correction"],
+            )
+        return True
 
     def _match_lowp(self, lowp_params: Sequence[torch.Tensor] | None) -> dict[int, torch.Tensor]:
         if lowp_params is None:
