@@ -1,6 +1,11 @@
 """Activation memory and step time of a 12-layer transformer on CPU, with and without checkpointing.
 
-Usage: .venv/bin/python tools/bench_activation_checkpointing.py [--layers 12 --width 128 --seq 128 ...]
+Usage: .venv/bin/python tools/bench_activation_checkpointing.py [--sizes 128x128x4,512x256x2 --steps 5]
+
+Four modes side by side at each size (WIDTHxSEQxBATCH): no checkpointing, ``ds_checkpoint``'s
+``checkpoint`` around every block, and ``torch.utils.checkpoint.checkpoint`` with
+``use_reentrant=True`` and ``use_reentrant=False`` around every block, so the overhead of this
+implementation over torch's own is visible next to the cost of recomputation itself.
 
 Activation memory is measured two ways:
 1. Saved-tensor bytes (primary). A ``torch.autograd.graph.saved_tensors_hooks`` pair wraps every
@@ -29,12 +34,25 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import torch
+import torch.utils.checkpoint as torch_checkpoint
 from ds_checkpoint.activation import checkpoint
 from torch import nn
 
-MODES = ("plain", "checkpointed")
+Wrap = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+# mode -> how each block is called (None: directly)
+WRAPS: dict[str, Wrap | None] = {
+    "plain": None,
+    "ds checkpoint": checkpoint,
+    "torch reentrant": lambda block, h: torch_checkpoint.checkpoint(block, h, use_reentrant=True),
+    "torch non-reentrant": lambda block, h: torch_checkpoint.checkpoint(block, h, use_reentrant=False),
+}
+MODES = tuple(WRAPS)
+# torch's non-reentrant checkpoint packs saved tensors with its own saved_tensors_hooks, which
+# take precedence over the meter's, so the meter cannot see what it keeps: only RSS covers it.
+METER_BLIND = {"torch non-reentrant"}
 
 
 class Block(nn.Module):
@@ -65,12 +83,12 @@ class Model(nn.Module):
         self.embed = nn.Embedding(args.vocab, args.width)
         self.blocks = nn.ModuleList(Block(args.width, args.heads) for _ in range(args.layers))
         self.head = nn.Linear(args.width, args.vocab)
-        self.use_checkpoint = False
+        self.wrap: Wrap | None = None
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.embed(tokens)  # (B, T, C)
         for block in self.blocks:
-            h = checkpoint(block, h) if self.use_checkpoint else block(h)
+            h = self.wrap(block, h) if self.wrap is not None else block(h)
         return nn.functional.cross_entropy(self.head(h).flatten(0, 1), tokens.flatten())
 
 
@@ -153,7 +171,7 @@ def _memory_status_kib() -> dict[str, int]:
 def rss_worker(args: argparse.Namespace) -> None:
     """Subprocess body: print the anonymous-memory peak increase over one step, as JSON."""
     model, tokens = build(args)
-    model.use_checkpoint = args.rss_mode == "checkpointed"
+    model.wrap = WRAPS[args.rss_mode]
     # Warm-up on one sequence: lazy initialisation and gradients happen here, and its peak stays
     # below the full batch's, so the peak afterwards is the measured step's.
     model(tokens[:1]).backward()
@@ -178,79 +196,117 @@ def peak_rss_delta_mib(args: argparse.Namespace, mode: str) -> float:
     return json.loads(out)["delta_kib"] / 1024
 
 
+def parse_size(text: str) -> tuple[int, int, int]:
+    """``WIDTHxSEQxBATCH`` -> (width, seq, batch)."""
+    try:
+        width, seq, batch = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {text!r} must be WIDTHxSEQxBATCH, e.g. 512x256x2") from None
+    return width, seq, batch
+
+
+def run_size(args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Every mode at one size: memory first, then interleaved timed steps, then RSS subprocesses."""
+    model, tokens = build(args)
+    rows: dict[str, dict[str, float]] = {m: {} for m in MODES}
+    for mode in MODES:
+        model.wrap = WRAPS[mode]
+        step(model, tokens)  # warm-up
+        peak, at_forward_end = measure_saved_bytes(model, tokens)
+        rows[mode].update(peak=peak / 1024**2, fwd=at_forward_end / 1024**2)
+    wall_ms: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu_ms: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(args.steps):
+        for mode in MODES:
+            model.wrap = WRAPS[mode]
+            start, start_cpu = time.perf_counter(), time.process_time()
+            step(model, tokens)
+            wall_ms[mode].append((time.perf_counter() - start) * 1e3)
+            cpu_ms[mode].append((time.process_time() - start_cpu) * 1e3)
+    for mode in MODES:
+        rows[mode].update(wall=statistics.median(wall_ms[mode]), cpu=statistics.median(cpu_ms[mode]))
+        if not args.no_rss:
+            rows[mode]["rss"] = peak_rss_delta_mib(args, mode)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--width", type=int, default=128)
-    parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--seq", type=int, default=128)
-    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [parse_size(s) for s in text.split(",")],
+        default=[(128, 128, 4), (512, 256, 2), (768, 256, 2)],
+        help="comma-separated WIDTHxSEQxBATCH (default 128x128x4,512x256x2,768x256x2); heads = max(4, width/64)",
+    )
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per mode (after one warm-up)")
+    parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    # One size, for the RSS subprocess.
+    for name in ("width", "heads", "seq", "batch"):
+        parser.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rss-mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rss_mode:
         rss_worker(args)
         return
 
-    model, tokens = build(args)
-    memory: dict[str, tuple[int, int]] = {}
-    for mode in MODES:
-        model.use_checkpoint = mode == "checkpointed"
-        step(model, tokens)  # warm-up
-        memory[mode] = measure_saved_bytes(model, tokens)
-    wall_ms: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu_ms: dict[str, list[float]] = {m: [] for m in MODES}
-    for _ in range(args.steps):
-        for mode in MODES:
-            model.use_checkpoint = mode == "checkpointed"
-            start, start_cpu = time.perf_counter(), time.process_time()
-            step(model, tokens)
-            wall_ms[mode].append((time.perf_counter() - start) * 1e3)
-            cpu_ms[mode].append((time.process_time() - start_cpu) * 1e3)
-    rss_mib = {mode: peak_rss_delta_mib(args, mode) for mode in MODES}
-    report(args, memory, wall_ms, cpu_ms, rss_mib)
+    print(
+        f"{args.layers} layers, vocab {args.vocab}; torch {torch.__version__}, {torch.get_num_threads()} "
+        f"threads; median of {args.steps} interleaved steps; load average before: {os.getloadavg()[0]:.1f}\n"
+    )
+    results = []
+    for width, seq, batch in args.sizes:
+        size = argparse.Namespace(**vars(args))
+        size.__dict__.update(width=width, heads=max(4, width // 64), seq=seq, batch=batch)
+        rows = run_size(size)
+        report_size(size, rows)
+        results.append((size, rows))
+    report_summary(results)
+    print(f"\nload average after: {os.getloadavg()[0]:.1f}")
 
 
-def report(
-    args: argparse.Namespace,
-    memory: dict[str, tuple[int, int]],
-    wall_ms: dict[str, list[float]],
-    cpu_ms: dict[str, list[float]],
-    rss_mib: dict[str, float],
-) -> None:
-    """Print the markdown table, the checkpointed/plain ratios and the target verdicts."""
-    mib = 1024**2
+def _ratio(rows: dict[str, dict[str, float]], mode: str, key: str, base: str = "plain") -> float:
+    return rows[mode][key] / rows[base][key]
+
+
+def report_size(args: argparse.Namespace, rows: dict[str, dict[str, float]]) -> None:
+    """One markdown table: each mode's times and memory, with its ratio to the plain run."""
+    print(f"\n### width {args.width}, {args.heads} heads, seq {args.seq}, batch {args.batch}\n")
+    rss = "rss" in rows["plain"]
     print(
-        f"{args.layers} layers, width {args.width}, {args.heads} heads, seq {args.seq}, batch {args.batch}, "
-        f"vocab {args.vocab}; torch {torch.__version__}, {torch.get_num_threads()} threads; "
-        f"median of {args.steps} interleaved steps\n"
+        "| mode | step wall (ms) | step CPU (ms) | wall / plain | CPU / plain | saved activations, peak (MiB) "
+        "| saved at end of forward (MiB) |" + (" peak RSS delta (MiB) |" if rss else "")
     )
-    print(
-        "| mode | step wall time (ms) | step CPU time (ms) | saved activations, peak (MiB) "
-        "| saved at end of forward (MiB) | peak RSS delta (MiB) |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    for mode in MODES:
-        peak, fwd = memory[mode]
-        wall, cpu = statistics.median(wall_ms[mode]), statistics.median(cpu_ms[mode])
+    print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if rss else ""))
+    for mode, row in rows.items():
+        saved = ("n/a", "n/a") if mode in METER_BLIND else (f"{row['peak']:.1f}", f"{row['fwd']:.1f}")
         print(
-            f"| {mode} | {wall:.1f} | {cpu:.1f} | {peak / mib:.1f} | {fwd / mib:.1f} | {rss_mib[mode]:.1f} |"
+            f"| {mode} | {row['wall']:.1f} | {row['cpu']:.1f} | {_ratio(rows, mode, 'wall'):.2f}x "
+            f"| {_ratio(rows, mode, 'cpu'):.2f}x | {saved[0]} | {saved[1]} |"
+            + (f" {row['rss']:.1f} |" if rss else "")
         )
-    ratio = {
-        "wall": statistics.median(wall_ms["checkpointed"]) / statistics.median(wall_ms["plain"]),
-        "cpu": statistics.median(cpu_ms["checkpointed"]) / statistics.median(cpu_ms["plain"]),
-        "peak": memory["checkpointed"][0] / memory["plain"][0],
-        "fwd": memory["checkpointed"][1] / memory["plain"][1],
-        "rss": rss_mib["checkpointed"] / rss_mib["plain"],
-    }
+
+
+def report_summary(results: list[tuple[argparse.Namespace, dict[str, dict[str, float]]]]) -> None:
+    """Ratios per size, and ds_checkpoint against torch's reentrant checkpoint, with the verdicts."""
+    print("\n### Summary (ratios to plain; target: peak saved activations >= 4x smaller, step <= 1.4x)\n")
     print(
-        f"| checkpointed / plain | {ratio['wall']:.2f}x | {ratio['cpu']:.2f}x | 1/{1 / ratio['peak']:.1f} "
-        f"| 1/{1 / ratio['fwd']:.1f} | 1/{1 / ratio['rss']:.1f} |"
+        "| size (width x seq x batch) | memory: ds peak saved | ds wall | ds CPU | torch reentrant wall "
+        "| torch non-reentrant wall | ds / torch reentrant wall | ds / torch reentrant CPU | target |"
     )
-    for clock in ("wall", "cpu"):
-        verdict = "met" if ratio["peak"] <= 1 / 4 and ratio[clock] <= 1.4 else "NOT met"
-        print(f"\nTarget (peak activation memory >= 4x smaller, {clock} step time <= 1.4x): {verdict}")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    ds = "ds checkpoint"
+    for args, rows in results:
+        memory = _ratio(rows, ds, "peak")
+        wall, cpu = _ratio(rows, ds, "wall"), _ratio(rows, ds, "cpu")
+        verdict = "met" if memory <= 1 / 4 and wall <= 1.4 else "NOT met"
+        print(
+            f"| {args.width} x {args.seq} x {args.batch} | 1/{1 / memory:.1f} | {wall:.2f}x | {cpu:.2f}x "
+            f"| {_ratio(rows, 'torch reentrant', 'wall'):.2f}x | {_ratio(rows, 'torch non-reentrant', 'wall'):.2f}x "
+            f"| {_ratio(rows, ds, 'wall', 'torch reentrant'):.2f}x | {_ratio(rows, ds, 'cpu', 'torch reentrant'):.2f}x "
+            f"| {verdict} (wall) |"
+        )
 
 
 if __name__ == "__main__":

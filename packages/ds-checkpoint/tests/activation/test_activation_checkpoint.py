@@ -118,3 +118,37 @@ def test_in_place_change_of_a_saved_input_is_detected():
         h.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         out.backward()
+
+
+class CountingMPU:
+    """A model-parallel group of one that counts how often checkpoint() asks it anything."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def get_model_parallel_rank(self):
+        self.calls += 1
+        return 0
+
+    def get_model_parallel_world_size(self):
+        self.calls += 1
+        return 1
+
+    def get_model_parallel_group(self):
+        self.calls += 1
+        return None
+
+
+@pytest.mark.parametrize("partition", [False, True])
+def test_options_are_paid_for_only_when_on(partition):
+    from ds_checkpoint.activation import configure, get_profile
+
+    mpu = CountingMPU()
+    configure(mpu, partition_activations=partition)
+    mpu.calls = 0  # configure() validates the mpu once
+    blocks = make_blocks(2)
+    x = torch.randn(2, 8, 16)
+    assert_same_run(run_blocks(blocks, x, wrap=None), run_blocks(blocks, x, wrap=checkpoint))
+    # Partitioning needs the group's rank and size; with it off the mpu is never consulted.
+    assert (mpu.calls > 0) == partition
+    assert get_profile().forward_ms == [] and get_profile().recompute_ms == []

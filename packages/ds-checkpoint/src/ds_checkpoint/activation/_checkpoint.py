@@ -13,6 +13,7 @@ from ._profile import ActivationProfile, synchronize_device, timed
 from ._rng import RNGSnapshot
 from ._state import ActivationCheckpointingSettings, model_parallel_info, runtime
 
+_NO_MP = (0, 1, None)
 _GRAD_ERROR = "Checkpointing is not compatible with .grad(), please use .backward() if possible"
 
 
@@ -105,7 +106,8 @@ class _CheckpointFunction(torch.autograd.Function):
         with timed(profile, "forward"):
             ctx.run_function = run_function
             ctx.settings = settings
-            ctx.model_parallel = model_parallel_info(state.mpu)
+            # The mpu is only consulted when partitioning: the default path skips its six lookups.
+            ctx.model_parallel = model_parallel_info(state.mpu) if settings.partition_activations else _NO_MP
             # Saved before running: the function may modify its inputs in place.
             ctx.recipe = _save_args(ctx, args, settings, ctx.model_parallel)
             ctx.rng = RNGSnapshot.capture()
@@ -125,7 +127,7 @@ class _CheckpointFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grad_outputs: Any) -> tuple[Any, ...]:
-        if not getattr(torch.autograd, "_is_checkpoint_valid", lambda: True)():
+        if not torch.autograd._is_checkpoint_valid():
             raise RuntimeError(_GRAD_ERROR)
         state = runtime()
         settings: ActivationCheckpointingSettings = ctx.settings

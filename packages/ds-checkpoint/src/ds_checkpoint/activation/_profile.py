@@ -47,12 +47,16 @@ class ActivationProfile:
         return "\n".join(lines)
 
 
-@contextlib.contextmanager
-def timed(profile: ActivationProfile | None, phase: str) -> Iterator[None]:
+_NOT_TIMED = contextlib.nullcontext()  # reusable: the profile-off path allocates nothing per call
+
+
+def timed(profile: ActivationProfile | None, phase: str) -> contextlib.AbstractContextManager[None]:
     """Time the body into ``profile.<phase>_ms`` and log it; does nothing when ``profile`` is None."""
-    if profile is None:
-        yield
-        return
+    return _NOT_TIMED if profile is None else _timed(profile, phase)
+
+
+@contextlib.contextmanager
+def _timed(profile: ActivationProfile, phase: str) -> Iterator[None]:
     synchronize_device()  # CUDA kernels are asynchronous: time the work, not its launch
     start = time.perf_counter()
     yield

@@ -127,7 +127,8 @@ class RNGSnapshot:
     @classmethod
     def capture(cls) -> RNGSnapshot:
         """Snapshot the current states; CUDA only when already initialised (no context is created)."""
-        cuda_in_use = torch.cuda.is_available() and torch.cuda.is_initialized()
+        # is_initialized() is a flag read; is_available() would query the driver on every call.
+        cuda_in_use = torch.cuda.is_initialized()
         return cls(
             cpu=torch.get_rng_state(),
             cuda=torch.cuda.get_rng_state() if cuda_in_use else None,
