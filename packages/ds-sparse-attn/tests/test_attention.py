@@ -139,8 +139,37 @@ def test_fixed_layout_groups_whole_windows() -> None:
     common, rest = plan.common_split  # every row attends every window's global (last) block
     assert common.tolist() == [[3, 7, 11, 15]] * HEADS
     assert [(tuple(g.rows.shape), g.width) for g in rest] == [((HEADS * 4, 4), 3)]
+    # rows in order and each window's three local blocks consecutive: the CPU path reads them as views
+    assert torch.equal(rest[0].rows, torch.arange(HEADS * 16).view(-1, 4))
+    assert _grouped_attention._run(rest[0].keys) == (0, 4, 1)
     unidirectional = FixedSparsityConfig(HEADS, BLOCK, num_local_blocks=4, attention="unidirectional")
     assert BlockSparsePlan(unidirectional.make_layout(64), BLOCK, torch.device("cpu")).common_split is None
+
+
+@pytest.mark.parametrize(
+    ("index", "is_view"),
+    [
+        ([[0, 1, 2], [4, 5, 6], [8, 9, 10]], True),  # windows: distinct blocks
+        ([[0, 1, 2], [1, 2, 3], [2, 3, 4]], True),  # sliding window: overlapping blocks
+        ([[3, 7], [19, 23]], False),  # global columns per head: block step 4, distinct
+        ([[0, 2], [1, 3]], False),  # interleaved groups: a run, but not of distinct blocks
+        ([[5], [2], [7]], False),  # no run
+    ],
+)
+def test_block_views_match_index_select_and_index_add(index: list[list[int]], is_view: bool) -> None:
+    block, dim = 2, 3
+    index = torch.tensor(index)
+    x = torch.randn(2, 24, block * dim)
+    expected = x.index_select(1, index.reshape(-1)).view(2, index.shape[0], -1, dim)
+    got = _grouped_attention._gather(x, index, block)
+    assert torch.equal(got, expected)
+    assert (got.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()) == is_view
+    # strided like the kernel's gradients: (B, L, G, D) memory order
+    src = torch.randn(2, index.shape[1] * block, index.shape[0], dim).transpose(1, 2)
+    dst = torch.randn(2, 24, block * dim)
+    expected = dst.clone().index_add_(1, index.reshape(-1), src.reshape(2, -1, block * dim))
+    _grouped_attention._add_blocks(dst, index, src, block)
+    torch.testing.assert_close(dst, expected)
 
 
 def test_dense_layout_is_all_common() -> None:
