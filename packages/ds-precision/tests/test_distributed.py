@@ -1,7 +1,8 @@
-"""Two real gloo processes: an overflow on one rank makes every rank skip; the norm spans ranks."""
+"""Two real gloo processes (fp16; bf16 on the Numba path when installed): an overflow on one rank makes every rank skip."""
 
 import math
 
+import pytest
 import torch
 from ds_precision import DynamicLossScaler, MixedPrecisionOptimizer
 from rank_testing import spawn
@@ -34,8 +35,41 @@ def _run_rank(rank, world_size, overflow_steps_on_rank1):
     return applied, norms, local_norms, scales, opt.skipped_steps
 
 
-def test_overflow_on_one_rank_makes_every_rank_skip():
-    r0, r1 = spawn(_run_rank, 2, {1, 2})
+def _bf16_numba_rank(rank, world_size):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(300, 300).to(torch.bfloat16)
+    opt = MixedPrecisionOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        dtype=torch.bfloat16,
+        clip_grad=1.0,
+        grads_replicated=False,
+        numba_kernels=None,  # the Numba kernels when installed, else the torch path
+    )
+    g = torch.Generator().manual_seed(100 + rank)
+    applied, norms, local = [], [], []
+    for step in range(3):
+        opt.backward(model(torch.randn(4, 300, generator=g).bfloat16()).float().pow(2).mean())
+        if rank == 1 and step == 1:
+            model.weight.grad.view(-1)[-1] = math.inf
+        local.append(sum(p.grad.double().square().sum().item() for p in model.parameters()))
+        applied.append(opt.step())
+        norms.append(opt.global_grad_norm)
+        opt.zero_grad()
+    return applied, norms, local
+
+
+def _both_scenarios(rank, world_size):
+    # one spawn for both: starting processes is most of these tests' time on 2 shared cores
+    return _run_rank(rank, world_size, {1, 2}), _bf16_numba_rank(rank, world_size)
+
+
+@pytest.fixture(scope="module")
+def rank_results():
+    return spawn(_both_scenarios, 2)
+
+
+def test_overflow_on_one_rank_makes_every_rank_skip(rank_results):
+    r0, r1 = (r[0] for r in rank_results)
     assert r0[0] == r1[0] == [True, False, False, True]
     assert r0[3] == r1[3]  # identical loss-scale trajectories
     assert r0[4] == r1[4] == 2
@@ -44,3 +78,11 @@ def test_overflow_on_one_rank_makes_every_rank_skip():
         expected = math.hypot(r0[2][step], r1[2][step])
         assert math.isclose(r0[1][step], expected, rel_tol=1e-3)
         assert r0[1][step] == r1[1][step]  # so both ranks clip with the same coefficient
+
+
+def test_bf16_overflow_on_one_rank_makes_every_rank_skip(rank_results):
+    r0, r1 = (r[1] for r in rank_results)
+    assert r0[0] == r1[0] == [True, False, True]
+    for step in (0, 2):
+        expected = math.sqrt(r0[2][step] + r1[2][step])
+        assert r0[1][step] == r1[1][step] == pytest.approx(expected, rel=1e-9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 from collections.abc import Callable
@@ -56,6 +57,10 @@ class MixedPrecisionOptimizer:
             weights directly (amp O3, "pure half").
         module: the model, used only to name parameters in diagnostics and checkpoints.
         log_interval_steps: log how many steps were skipped once per this many steps.
+        numba_kernels: bf16 on CPU only: read, unscale and write the gradients and weights in one
+            pass each with Numba kernels (``pip install 'ds-precision[fast]'``), bit-identical to the
+            torch ops. ``None`` (default): when numba is importable; ``True``: require it; ``False``:
+            torch ops only.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class MixedPrecisionOptimizer:
         master_weights: bool = True,
         module: torch.nn.Module | None = None,
         log_interval_steps: int = 100,
+        numba_kernels: bool | None = None,
     ) -> None:
         if dtype not in (*LOW_PRECISION, torch.float32):
             raise ValueError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
@@ -99,6 +105,7 @@ class MixedPrecisionOptimizer:
         self._window_steps = 0
         self._window_skipped = 0
         self._hooks = self._register_accum_hooks() if self.fp32_grad_accum else []
+        self._kernels = _load_kernels(numba_kernels) if dtype == torch.bfloat16 and not alias else None
 
     # ---------------------------------------------------------------- construction
     def _flatten_groups(
@@ -195,10 +202,15 @@ class MixedPrecisionOptimizer:
                 "MixedPrecisionOptimizer.step does not take a closure: run forward/backward first"
             )
         live = [self._live(flat) for flat in self.groups]
-        self._copy_grads_to_master(live)
-        # the norm of the fp32 copies: the values the update will use (and faster than reading
-        # low-precision grads with an fp32 accumulator on CPU)
-        scaled_norm = self._global_norm([g for _, master_grads, _ in live for g in master_grads])
+        kernels = self._kernels if self._kernels is not None and _kernel_ready(live) else None
+        if kernels is None:
+            self._copy_grads_to_master(live)
+            # the norm of the fp32 copies: the values the update will use (and faster than reading
+            # low-precision grads with an fp32 accumulator in torch on CPU)
+            norm_of = [g for _, master_grads, _ in live for g in master_grads]
+        else:  # the kernels read bf16 directly: the copy waits until the scale is known
+            norm_of = [g for grads, _, _ in live for g in grads]
+        scaled_norm = self._global_norm(norm_of, kernels)
         self.global_steps += 1
         self.overflow = scaled_norm is None
         if self.overflow:
@@ -211,9 +223,16 @@ class MixedPrecisionOptimizer:
             clip = (self.global_grad_norm + CLIP_EPS) / self.clip_grad
             if clip > 1:
                 combined = clip * scale
-        self._unscale_and_clip(live, 1.0 / combined)
+        if kernels is None:
+            self._unscale_and_clip(live, 1.0 / combined)
+        else:
+            kernels.copy_scaled_to_fp32(
+                [g for _, masters, _ in live for g in masters],
+                [g for grads, _, _ in live for g in grads],
+                1.0 / combined,
+            )
         self.optimizer.step()
-        self._copy_back(live)
+        self._copy_back(live, kernels)
         if self.scaler is not None:
             self.scaler.update_scale(False)
         self._account(skipped=False)
@@ -237,9 +256,12 @@ class MixedPrecisionOptimizer:
             m.grad = flat.grad_views[i] if i in have else None
         return grads, [flat.grad_views[i] for i in idx], idx
 
-    def _global_norm(self, grads: list[torch.Tensor]) -> float | None:
+    def _global_norm(self, grads: list[torch.Tensor], kernels: Any | None = None) -> float | None:
         """The L2 norm of all (still scaled) gradients across ranks, or ``None`` on inf/nan."""
-        sq = self._sum_of_squares(grads, torch.float32)
+        if kernels is None:
+            sq = self._sum_of_squares(grads, torch.float32)
+        else:  # accumulated in fp64: only a real inf/nan makes it non-finite
+            sq = torch.tensor(kernels.sum_of_squares(grads), dtype=torch.float64)
         self._all_reduce(sq, dist.ReduceOp.SUM)
         total = sq.item()  # the one host sync of a step
         if math.isfinite(total):
@@ -284,7 +306,7 @@ class MixedPrecisionOptimizer:
         if masters and inv_scale != 1.0:
             torch._foreach_mul_(masters, inv_scale)
 
-    def _copy_back(self, live: list[tuple]) -> None:
+    def _copy_back(self, live: list[tuple], kernels: Any | None = None) -> None:
         """Copy the updated fp32 weights into the model's low-precision weights."""
         dst, src = [], []
         with torch.no_grad():
@@ -292,7 +314,10 @@ class MixedPrecisionOptimizer:
                 if flat.aliased:
                     continue
                 if flat.flat_model is not None and len(idx) == len(flat.masters):
-                    flat.flat_model.copy_(flat.flat_master)  # one contiguous copy
+                    if kernels is not None and flat.flat_model.dtype == torch.bfloat16:
+                        kernels.copy_to_bf16(flat.flat_model, flat.flat_master)
+                    else:
+                        flat.flat_model.copy_(flat.flat_master)  # one contiguous copy
                     continue
                 dst.extend(flat.model_params[i].data for i in idx)
                 src.extend(flat.masters[i].data for i in idx)
@@ -375,3 +400,29 @@ class MixedPrecisionOptimizer:
             f"MixedPrecisionOptimizer({type(self.optimizer).__name__}, dtype={self.dtype}, params={n}, "
             f"scaler={self.scaler!r}, clip_grad={self.clip_grad})"
         )
+
+
+def _load_kernels(wanted: bool | None) -> Any | None:
+    """The Numba kernel module, or ``None`` when not wanted or (with ``wanted=None``) not installed."""
+    if wanted is False:
+        return None
+    try:
+        return importlib.import_module("ds_precision._bf16_kernels")
+    except ImportError as err:
+        if wanted:
+            raise ImportError(
+                f"numba_kernels=True needs numba ({err}): pip install 'ds-precision[fast]'"
+            ) from err
+        return None
+
+
+def _kernel_ready(live: list[tuple]) -> bool:
+    """The kernels take contiguous CPU bf16 gradients (a hook or a sparse layer may leave others)."""
+    return all(
+        g.device.type == "cpu"
+        and g.dtype == torch.bfloat16
+        and g.layout == torch.strided
+        and g.is_contiguous()
+        for grads, _, _ in live
+        for g in grads
+    )
