@@ -53,6 +53,10 @@ MODES = tuple(WRAPS)
 # torch's non-reentrant checkpoint packs saved tensors with its own saved_tensors_hooks, which
 # take precedence over the meter's, so the meter cannot see what it keeps: only RSS covers it.
 METER_BLIND = {"torch non-reentrant"}
+# Timed alongside the steps: what one extra forward costs, so 1 + forward/plain step is the floor of
+# any checkpointing that recomputes every block once (the no-grad forward slightly overstates the
+# checkpointed forward, which also skips the head and loss: a floor to within a few per cent).
+NO_GRAD = "forward only, no grad"
 
 
 class Block(nn.Module):
@@ -214,18 +218,24 @@ def run_size(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         step(model, tokens)  # warm-up
         peak, at_forward_end = measure_saved_bytes(model, tokens)
         rows[mode].update(peak=peak / 1024**2, fwd=at_forward_end / 1024**2)
-    wall_ms: dict[str, list[float]] = {m: [] for m in MODES}
-    cpu_ms: dict[str, list[float]] = {m: [] for m in MODES}
+    wall_ms: dict[str, list[float]] = {m: [] for m in (*MODES, NO_GRAD)}
+    cpu_ms: dict[str, list[float]] = {m: [] for m in (*MODES, NO_GRAD)}
     for _ in range(args.steps):
-        for mode in MODES:
-            model.wrap = WRAPS[mode]
+        for mode in (*MODES, NO_GRAD):
+            model.wrap = WRAPS.get(mode)
             start, start_cpu = time.perf_counter(), time.process_time()
-            step(model, tokens)
+            if mode == NO_GRAD:
+                with torch.no_grad():
+                    model(tokens)
+            else:
+                step(model, tokens)
             wall_ms[mode].append((time.perf_counter() - start) * 1e3)
             cpu_ms[mode].append((time.process_time() - start_cpu) * 1e3)
-    for mode in MODES:
-        rows[mode].update(wall=statistics.median(wall_ms[mode]), cpu=statistics.median(cpu_ms[mode]))
-        if not args.no_rss:
+    for mode in (*MODES, NO_GRAD):
+        rows.setdefault(mode, {}).update(
+            wall=statistics.median(wall_ms[mode]), cpu=statistics.median(cpu_ms[mode])
+        )
+        if not args.no_rss and mode != NO_GRAD:
             rows[mode]["rss"] = peak_rss_delta_mib(args, mode)
     return rows
 
@@ -280,6 +290,12 @@ def report_size(args: argparse.Namespace, rows: dict[str, dict[str, float]]) -> 
     )
     print("|---|---:|---:|---:|---:|---:|---:|" + ("---:|" if rss else ""))
     for mode, row in rows.items():
+        if mode == NO_GRAD:
+            print(
+                f"| {mode} | {row['wall']:.1f} | {row['cpu']:.1f} | {_ratio(rows, mode, 'wall'):.2f}x "
+                f"| {_ratio(rows, mode, 'cpu'):.2f}x | | |" + (" |" if rss else "")
+            )
+            continue
         saved = ("n/a", "n/a") if mode in METER_BLIND else (f"{row['peak']:.1f}", f"{row['fwd']:.1f}")
         print(
             f"| {mode} | {row['wall']:.1f} | {row['cpu']:.1f} | {_ratio(rows, mode, 'wall'):.2f}x "
@@ -293,9 +309,10 @@ def report_summary(results: list[tuple[argparse.Namespace, dict[str, dict[str, f
     print("\n### Summary (ratios to plain; target: peak saved activations >= 4x smaller, step <= 1.4x)\n")
     print(
         "| size (width x seq x batch) | memory: ds peak saved | ds wall | ds CPU | torch reentrant wall "
-        "| torch non-reentrant wall | ds / torch reentrant wall | ds / torch reentrant CPU | target |"
+        "| torch non-reentrant wall | ds / torch reentrant wall | ds / torch reentrant CPU "
+        "| floor: 1 + no-grad forward / plain (wall, CPU) | target |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     ds = "ds checkpoint"
     for args, rows in results:
         memory = _ratio(rows, ds, "peak")
@@ -305,6 +322,7 @@ def report_summary(results: list[tuple[argparse.Namespace, dict[str, dict[str, f
             f"| {args.width} x {args.seq} x {args.batch} | 1/{1 / memory:.1f} | {wall:.2f}x | {cpu:.2f}x "
             f"| {_ratio(rows, 'torch reentrant', 'wall'):.2f}x | {_ratio(rows, 'torch non-reentrant', 'wall'):.2f}x "
             f"| {_ratio(rows, ds, 'wall', 'torch reentrant'):.2f}x | {_ratio(rows, ds, 'cpu', 'torch reentrant'):.2f}x "
+            f"| {1 + _ratio(rows, NO_GRAD, 'wall'):.2f}x, {1 + _ratio(rows, NO_GRAD, 'cpu'):.2f}x "
             f"| {verdict} (wall) |"
         )
 
