@@ -240,6 +240,36 @@ def run_size(args: argparse.Namespace) -> dict[str, dict[str, float]]:
     return rows
 
 
+def per_call_overhead_us(calls: int = 20, repeats: int = 200) -> dict[str, float]:
+    """Microseconds per checkpointed call of a near-free function (``x * 2`` on 4x4), forward + backward.
+
+    The function costs almost nothing, so this is each implementation's own bookkeeping: RNG
+    capture/restore, saving inputs, the autograd node and the nested backward. Median of
+    ``repeats`` interleaved chains of ``calls`` calls.
+    """
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def chain(wrap: Wrap | None) -> None:
+        h = x
+        for _ in range(calls):
+            h = wrap(_twice, h) if wrap is not None else _twice(h)
+        h.sum().backward()
+
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    for mode in MODES:
+        chain(WRAPS[mode])  # warm-up
+    for _ in range(repeats):
+        for mode in MODES:
+            start = time.process_time()
+            chain(WRAPS[mode])
+            times[mode].append((time.process_time() - start) / calls * 1e6)
+    return {mode: statistics.median(t) for mode, t in times.items()}
+
+
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=12)
@@ -265,6 +295,11 @@ def main() -> None:
         f"{args.layers} layers, vocab {args.vocab}; torch {torch.__version__}, {torch.get_num_threads()} "
         f"threads; median of {args.steps} interleaved steps; load average before: {os.getloadavg()[0]:.1f}\n"
     )
+    overhead = per_call_overhead_us()
+    print("### Per-call cost of a near-free function (x * 2 on 4x4), forward + backward, CPU time\n")
+    print("| mode | us per call | over plain (us) |\n|---|---:|---:|")
+    for mode, us in overhead.items():
+        print(f"| {mode} | {us:.1f} | {us - overhead['plain']:.1f} |")
     results = []
     for width, seq, batch in args.sizes:
         size = argparse.Namespace(**vars(args))
