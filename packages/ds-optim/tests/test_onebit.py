@@ -15,7 +15,16 @@ def test_pack_unpack_signs_round_trip_zero_is_positive():
     packed = pack_signs(x >= 0)
     assert packed.dtype == torch.uint8 and packed.shape == (1, 2)
     assert packed[0, 0].item() == 0b10111010
-    assert torch.equal(unpack_signs(packed), torch.where(x >= 0, 1.0, -1.0))
+    assert torch.equal(unpack_signs(packed), x >= 0)
+
+
+def test_pack_unpack_every_byte_and_batched_rows():
+    every_byte = torch.arange(256, dtype=torch.uint8)
+    bits = torch.tensor([[(b >> (7 - k)) & 1 for k in range(8)] for b in range(256)], dtype=torch.bool)
+    assert torch.equal(pack_signs(bits), every_byte.view(256, 1))
+    assert torch.equal(unpack_signs(every_byte.view(256, 1)), bits)
+    rows = torch.randn(3, 64) >= 0
+    assert torch.equal(unpack_signs(pack_signs(rows)), rows)
 
 
 def test_layout_pads_to_world_times_lcm_and_round_trips():

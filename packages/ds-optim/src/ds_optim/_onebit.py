@@ -26,21 +26,24 @@ __all__ = ["OneBitAdam"]
 
 COMM_BACKENDS = ("nccl", "gloo", "mpi")
 
-# Bit weights for packing 8 signs into a byte, most significant first.
-_BIT_WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+# 2**0 + 2**9 + ... + 2**63 as an int64. Multiplying 8 bytes that are each 0 or 1 (one little-endian int64)
+# by it moves byte k's bit to bit 63 - k, and multiplying one byte by it puts bit 7 - k at bit 8k + 7; the
+# partial products never share a bit position, so there are no carries in either direction.
+_SPREAD = 0x8040201008040201 - 2**64
+_LOW_BIT_OF_EACH_BYTE = 0x0101010101010101
 
 
 def pack_signs(nonneg: torch.Tensor) -> torch.Tensor:
-    """Pack a bool tensor (..., 8k) into uint8 (..., k): bit set where the value's sign is +1 (x >= 0)."""
-    bits = nonneg.reshape(*nonneg.shape[:-1], -1, 8).to(torch.uint8)
-    return (bits * _BIT_WEIGHTS.to(nonneg.device)).sum(-1, dtype=torch.uint8)
+    """Pack a contiguous bool tensor (..., 8k) into uint8 (..., k), first element in the most significant bit."""
+    eight = nonneg.contiguous().view(torch.uint8).view(torch.int64)  # (..., k): 8 bools per int64
+    return ((eight * _SPREAD) >> 56).to(torch.uint8)
 
 
 def unpack_signs(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of ``pack_signs`` as +1.0/-1.0 fp32 (..., 8k)."""
-    bits = (packed.unsqueeze(-1) & _BIT_WEIGHTS.to(packed.device)) != 0
-    signs = bits.to(torch.float32) * 2.0 - 1.0
-    return signs.reshape(*packed.shape[:-1], -1)
+    """Inverse of ``pack_signs``: bool (..., 8k), True where the sign is +1."""
+    # Arithmetic >> 7 may set the top 7 bits; the mask keeps one bit per byte, so every byte is 0 or 1.
+    spread = ((packed.to(torch.int64) * _SPREAD) >> 7) & _LOW_BIT_OF_EACH_BYTE  # (..., k)
+    return spread.view(torch.uint8).view(torch.bool).reshape(*packed.shape[:-1], -1)
 
 
 @dataclass
@@ -56,27 +59,28 @@ class _Layout:
     numels: list[int]
     chunks: list[int]
     offsets: list[int]
-    segment_ids: torch.Tensor  # (S,) long: which tensor each column belongs to
 
     @classmethod
     def build(cls, numels: list[int], world_size: int, device: torch.device) -> _Layout:
         divider = math.lcm(world_size, 8)
         chunks = [math.ceil(n / (world_size * divider)) * divider for n in numels]
         offsets = [sum(chunks[:t]) for t in range(len(chunks))]
-        seg = torch.repeat_interleave(
-            torch.arange(len(chunks), device=device), torch.tensor(chunks, device=device)
-        )
-        return cls(world_size, numels, chunks, offsets, seg)
+        return cls(world_size, numels, chunks, offsets)
 
     @property
     def columns(self) -> int:
         return sum(self.chunks)
 
+    @property
+    def slices(self) -> list[slice]:
+        """Tensor t's columns in the (W, S) buffer."""
+        return [slice(o, o + c) for o, c in zip(self.offsets, self.chunks)]
+
     def gather(self, tensors: list[torch.Tensor], out: torch.Tensor) -> None:
         """Copy ``tensors`` into ``out`` (W, S), padding with zeros."""
         for t, x in enumerate(tensors):
             c, o, n = self.chunks[t], self.offsets[t], self.numels[t]
-            padded = torch.nn.functional.pad(x.reshape(-1).float(), (0, self.world_size * c - n))
+            padded = torch.nn.functional.pad(x.reshape(-1), (0, self.world_size * c - n))
             out[:, o : o + c].copy_(padded.view(self.world_size, c))
 
     def scatter(self, buf: torch.Tensor, tensors: list[torch.Tensor]) -> None:
@@ -84,11 +88,6 @@ class _Layout:
         for t, x in enumerate(tensors):
             c, o, n = self.chunks[t], self.offsets[t], self.numels[t]
             x.copy_(buf[:, o : o + c].reshape(-1)[:n].view_as(x))
-
-    def segment_norms(self, sq_cols: torch.Tensor) -> torch.Tensor:
-        """Per-tensor sqrt of the column sums ``sq_cols`` (S,) -> (T,)."""
-        sums = torch.zeros(len(self.chunks), dtype=sq_cols.dtype, device=sq_cols.device)
-        return sums.index_add_(0, self.segment_ids, sq_cols).sqrt()
 
 
 class _TorchComm:
@@ -168,6 +167,22 @@ class _MpiComm:
             else:
                 self.comm.Allreduce(s, r, op=MPI.SUM)
             x.copy_(r).div_(self.world_size)
+
+
+def _compress(x: torch.Tensor, error: torch.Tensor, cols: list[slice], sizes: list[int]) -> torch.Tensor:
+    """1-bit compress ``x``: writes ``error = x - scale * sign(x)`` and returns the packed sign bits.
+
+    ``x`` and ``error`` are (W, S) or (S,), tensor t in columns ``cols[t]`` with scale
+    ``||x_t|| / sqrt(sizes[t])``. The sign is x's sign bit (so -0.0 counts as -1) in both the error and the
+    bits: copysign is one vectorised pass where ``where(x >= 0, s, -s)`` is several times slower on CPU.
+    Returns (packed bits (..., S/8) uint8, scales (T,) fp32).
+    """
+    scales = torch.stack([torch.linalg.vector_norm(x[..., col]) for col in cols])
+    scales /= torch.tensor(sizes, dtype=x.dtype, device=x.device).sqrt()
+    for t, col in enumerate(cols):
+        torch.sub(x[..., col], torch.copysign(scales[t], x[..., col]), out=error[..., col])
+    # Packing the sign bits and inverting the bytes gives the +1 bits without a pass over x.
+    return pack_signs(torch.signbit(x)).bitwise_not_(), scales
 
 
 def _float_bytes(x: torch.Tensor) -> torch.Tensor:
@@ -338,31 +353,36 @@ class OneBitAdam(torch.optim.Optimizer):
     def _compressed_allreduce(self, index: int, tensors: list[torch.Tensor]) -> None:
         """Replace ``tensors`` by their cross-rank mean through two 1-bit phases with error feedback."""
         layout, worker_error, server_error = self._buffers(index, tensors)
-        world, seg = self.world_size, layout.segment_ids
-        chunk_sizes = torch.tensor(layout.chunks, dtype=torch.float32, device=seg.device)
+        world, cols = self.world_size, layout.slices
 
         # Phase 1 (worker): compress m + worker error with one scale per tensor; send chunk r to rank r.
         buf = torch.empty_like(worker_error)  # (W, S)
         layout.gather(tensors, buf)
         buf += worker_error
-        worker_scale = layout.segment_norms((buf * buf).sum(0)) / (world * chunk_sizes).sqrt()  # (T,)
-        nonneg = buf >= 0
-        worker_error.copy_(buf - torch.where(nonneg, worker_scale[seg], -worker_scale[seg]))
-        scale_bytes = _float_bytes(worker_scale).expand(world, -1)
-        received = self._comm.all_to_all(torch.cat([pack_signs(nonneg), scale_bytes], dim=1))
+        packed, worker_scales = _compress(buf, worker_error, cols, [world * c for c in layout.chunks])
+        scale_bytes = _float_bytes(worker_scales).expand(world, -1)  # (W, 4T)
+        received = self._comm.all_to_all(torch.cat([packed, scale_bytes], dim=1))
         packed_cols = layout.columns // 8
-        their_signs = unpack_signs(received[:, :packed_cols])  # (W, S): every rank's signs of my chunk
+        their_nonneg = unpack_signs(received[:, :packed_cols])  # (W, S): every rank's signs of my chunk
         their_scales = received[:, packed_cols:].contiguous().view(torch.float32)  # (W, T)
 
         # Phase 2 (server): average my chunk, compress it with server error feedback, all-gather it.
-        mean = (their_signs * their_scales[:, seg]).sum(0) / world + server_error  # (S,)
-        server_scale = layout.segment_norms(mean * mean) / chunk_sizes.sqrt()
-        server_nonneg = mean >= 0
-        server_error.copy_(mean - torch.where(server_nonneg, server_scale[seg], -server_scale[seg]))
-        gathered = self._comm.all_gather(torch.cat([pack_signs(server_nonneg), _float_bytes(server_scale)]))
-        signs = unpack_signs(gathered[:, :packed_cols])  # (W, S)
+        their_bits = their_nonneg.view(torch.uint8)  # (W, S) of 0/1
+        mean = server_error.clone()  # (S,)
+        for t, col in enumerate(cols):
+            # mean of sign_w * scale_w = (2 * sum_w bit_w * scale_w - sum_w scale_w) / W, bit in {0, 1}
+            scales = their_scales[:, t].tolist()
+            for w, scale in enumerate(scales):
+                mean[col].add_(their_bits[w, col], alpha=2.0 * scale / world)
+            mean[col] -= sum(scales) / world
+        packed, server_scales = _compress(mean, server_error, cols, layout.chunks)
+        gathered = self._comm.all_gather(torch.cat([packed, _float_bytes(server_scales)]))
+        bits = unpack_signs(gathered[:, :packed_cols]).view(torch.uint8)  # (W, S) of 0/1
         scales = gathered[:, packed_cols:].contiguous().view(torch.float32)  # (W, T)
-        layout.scatter(signs * scales[:, seg], tensors)
+        for t, (x, col) in enumerate(zip(tensors, cols)):
+            s = scales[:, t : t + 1]
+            values = bits[:, col].to(torch.float32).mul_(2.0 * s).sub_(s)  # (W, c): +-scale of each rank
+            x.copy_(values.view(-1)[: layout.numels[t]].view_as(x))
 
         row_bytes = packed_cols + 4 * len(layout.chunks)
         self.last_step_bytes_sent += 2 * (world - 1) * row_bytes
