@@ -1,9 +1,11 @@
-"""Train with a Megatron-style ``mpu``: the engine must reduce over the data-parallel group only.
+"""Train with a Megatron-style ``mpu``: the engine must reduce over the data-parallel group only, and
+clip by the norm over the model-parallel group too.
 
 Ranks are laid out as ``rank = dp_rank * MP + mp_rank``. Each model-parallel rank holds a different
-model (its own seed, as tensor-parallel shards differ), so an all-reduce over the wrong group would mix
-the models. After training, every rank compares its weights with plain torch trained on one process on
-its data-parallel group's whole batch, and writes the largest difference to ``OUT/rank{R}.json``.
+model (its own seed, marked ``tensor_model_parallel`` as tensor-parallel shards are), so an all-reduce
+over the wrong group would mix the models, and the clipping norm must sum over every shard. After
+training, every rank compares its weights with plain torch that trains all the shards on one process,
+each on its data-parallel group's whole batch, and writes the largest difference to ``OUT/rank{R}.json``.
 Usage: ds-launch --num_procs W engine_mpu.py OUT  (W a multiple of 2)
 """
 
@@ -21,12 +23,14 @@ MP = 2
 GROUP_BATCH = 8  # per data-parallel group and optimizer step
 STEPS = 4
 LR = 1e-2
+CLIP = 0.05  # small enough that every step clips
 CONFIGS = {
     f"stage{stage}-gas{gas}": {
         "train_batch_size": GROUP_BATCH,
         "gradient_accumulation_steps": gas,
         "steps_per_print": 1000,
         "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+        "gradient_clipping": CLIP,
         "zero_optimization": {"stage": stage, "reduce_bucket_size": 100, "allgather_bucket_size": 100},
     }
     for stage, gas in ((0, 1), (1, 2), (2, 1))
@@ -66,7 +70,10 @@ class MPU:
 
 def model(mp_rank: int) -> torch.nn.Module:
     torch.manual_seed(100 + mp_rank)
-    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    for p in net.parameters():
+        p.tensor_model_parallel = True
+    return net
 
 
 def data(step: int, mp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -87,15 +94,21 @@ def train(cfg: dict, mpu: MPU) -> torch.nn.Module:
 
 
 def reference(mp_rank: int) -> torch.nn.Module:
-    """Plain torch on one process: the data-parallel group's whole batch each step."""
-    net = model(mp_rank)
-    opt = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.01)
+    """Plain torch on one process: every shard on its group's whole batch, clipped by their joint norm."""
+    nets = [model(m) for m in range(MP)]
+    opts = [torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=0.01) for net in nets]
     for step in range(STEPS):
-        x, y = data(step, mp_rank)
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        opt.step()
-        opt.zero_grad()
-    return net
+        for m, net in enumerate(nets):
+            x, y = data(step, m)
+            torch.nn.functional.cross_entropy(net(x), y).backward()
+        grads = [p.grad for net in nets for p in net.parameters()]
+        norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads)).item()
+        for g in grads:  # spec section 5: coefficient max / (norm + 1e-6) when below 1
+            g.mul_(min(1.0, CLIP / (norm + 1e-6)))
+        for opt in opts:
+            opt.step()
+            opt.zero_grad()
+    return nets[mp_rank]
 
 
 def main() -> None:

@@ -58,9 +58,43 @@ def _bf16_numba_rank(rank, world_size):
     return applied, norms, local
 
 
+def _model_parallel_rank(rank, world_size):
+    """The world is one model-parallel group; data parallelism is trivial (replicated grads).
+
+    Returns (stepped, global norm, this rank's shard sum of squares, its replicated sum of squares)
+    for a finite step, then whether a step with inf only in rank 1's replicated weight was applied.
+    """
+    import torch.distributed as dist
+
+    torch.manual_seed(rank)
+    shard = torch.nn.Linear(3, 4)  # differs per rank, as a tensor-parallel shard does
+    for p in shard.parameters():
+        p.tensor_model_parallel = True
+    torch.manual_seed(99)
+    model = torch.nn.Sequential(shard, torch.nn.Linear(4, 2))
+    opt = MixedPrecisionOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        dtype=torch.float32,
+        clip_grad=1.0,
+        model_parallel_group=dist.group.WORLD,
+    )
+    model(torch.randn(5, 3)).square().sum().backward()
+    squares = [sum(float(p.grad.double().square().sum()) for p in m.parameters()) for m in model]
+    stepped = opt.step()
+    result = [stepped, opt.global_grad_norm, *squares]
+    model(torch.randn(5, 3)).square().sum().backward()
+    if rank == 1:  # replicated on rank 1 does not count towards the norm, but must still skip
+        model[1].weight.grad.fill_(math.inf)
+    return result, opt.step()
+
+
 def _both_scenarios(rank, world_size):
-    # one spawn for both: starting processes is most of these tests' time on 2 shared cores
-    return _run_rank(rank, world_size, {1, 2}), _bf16_numba_rank(rank, world_size)
+    # one spawn for all: starting processes is most of these tests' time on 2 shared cores
+    return (
+        _run_rank(rank, world_size, {1, 2}),
+        _bf16_numba_rank(rank, world_size),
+        _model_parallel_rank(rank, world_size),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +120,11 @@ def test_bf16_overflow_on_one_rank_makes_every_rank_skip(rank_results):
     for step in (0, 2):
         expected = math.sqrt(r0[2][step] + r1[2][step])
         assert r0[1][step] == r1[1][step] == pytest.approx(expected, rel=1e-9)
+
+
+def test_model_parallel_norm_sums_shards_and_counts_replicas_once(rank_results):
+    (r0, skipped0), (r1, skipped1) = (r[2] for r in rank_results)
+    expected = math.sqrt(r0[2] + r1[2] + r0[3])  # both shards, rank 0's replicated layer
+    assert r0[0] and r1[0]
+    assert r0[1] == r1[1] == pytest.approx(expected, rel=1e-6)
+    assert skipped0 is False and skipped1 is False  # an inf in rank 1's replica skips both ranks

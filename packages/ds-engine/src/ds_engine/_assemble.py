@@ -56,6 +56,7 @@ def assemble(
     """Build the training stack around ``model``. The order matters; each step says why it comes where it does."""
     dp_group = mpu.get_data_parallel_group() if mpu is not None else None
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
+    mp_group = _model_parallel_group(mpu)
 
     # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
     dtype = model_dtype(cfg)
@@ -86,6 +87,7 @@ def assemble(
             prescale_gradients=cfg.prescale_gradients,
             fp32_allreduce=cfg.fp32_allreduce,
             param_names=names,
+            model_parallel_group=mp_group,
         )
     else:
         wrapped = ds_precision.MixedPrecisionOptimizer(
@@ -96,6 +98,7 @@ def assemble(
             process_group=dp_group,
             fp32_grad_accum=cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32",
             module=model,
+            model_parallel_group=mp_group,
         )
     if cfg.zero_optimization.stage == 0 and dp_world_size > 1:  # amp is never ZeRO (ds_config rejects it)
         reducer = ds_zero.GradientReducer.from_config(
@@ -108,6 +111,14 @@ def assemble(
     # 6. Activation checkpointing only changes forward, so it is independent of everything above.
     ds_checkpoint.configure(mpu, deepspeed_config=cfg)
     return Parts(model, dtype, wrapped, basic, scaler, reducer, scheduler, dp_group, dp_world_size)
+
+
+def _model_parallel_group(mpu: Any) -> Any | None:
+    """The mpu's model-parallel group when it has more than one rank (either Megatron spelling)."""
+    for prefix in ("get_model_parallel_", "get_tensor_model_parallel_"):
+        if mpu is not None and hasattr(mpu, prefix + "group"):
+            return getattr(mpu, prefix + "group")() if getattr(mpu, prefix + "world_size")() > 1 else None
+    return None
 
 
 def _broadcast_parameters(model: nn.Module, group: Any) -> None:

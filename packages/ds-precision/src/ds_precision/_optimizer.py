@@ -61,6 +61,9 @@ class MixedPrecisionOptimizer:
             pass each with Numba kernels (``pip install 'ds-precision[fast]'``), bit-identical to the
             torch ops. ``None`` (default): when numba is importable; ``True``: require it; ``False``:
             torch ops only.
+        model_parallel_group: with Megatron-style model parallelism, the model-parallel group: the
+            norm and the overflow test then also span it. Parameters marked ``tensor_model_parallel``
+            (or ``model_parallel``) count on every model-parallel rank, all others on its rank 0 only.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class MixedPrecisionOptimizer:
         module: torch.nn.Module | None = None,
         log_interval_steps: int = 100,
         numba_kernels: bool | None = None,
+        model_parallel_group: Any | None = None,
     ) -> None:
         if dtype not in (*LOW_PRECISION, torch.float32):
             raise ValueError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
@@ -95,6 +99,11 @@ class MixedPrecisionOptimizer:
         self.clip_grad = float(clip_grad)
         self.process_group = process_group
         self.grads_replicated = grads_replicated
+        has_mp = dist.is_available() and dist.is_initialized() and model_parallel_group is not None
+        self.mp_group = (
+            model_parallel_group if has_mp and dist.get_world_size(model_parallel_group) > 1 else None
+        )
+        self.mp_rank = dist.get_rank(self.mp_group) if self.mp_group is not None else 0
         self.fp32_grad_accum = fp32_grad_accum and not alias
         self.log_interval_steps = log_interval_steps
         self.groups = self._flatten_groups(optimizer, module, alias)
@@ -207,10 +216,10 @@ class MixedPrecisionOptimizer:
             self._copy_grads_to_master(live)
             # the norm of the fp32 copies: the values the update will use (and faster than reading
             # low-precision grads with an fp32 accumulator in torch on CPU)
-            norm_of = [g for _, master_grads, _ in live for g in master_grads]
+            norm_of = [master_grads for _, master_grads, _ in live]
         else:  # the kernels read bf16 directly: the copy waits until the scale is known
-            norm_of = [g for grads, _, _ in live for g in grads]
-        scaled_norm = self._global_norm(norm_of, kernels)
+            norm_of = [grads for grads, _, _ in live]
+        scaled_norm = self._global_norm(*self._split_counted(live, norm_of), kernels)
         self.global_steps += 1
         self.overflow = scaled_norm is None
         if self.overflow:
@@ -256,18 +265,45 @@ class MixedPrecisionOptimizer:
             m.grad = flat.grad_views[i] if i in have else None
         return grads, [flat.grad_views[i] for i in idx], idx
 
-    def _global_norm(self, grads: list[torch.Tensor], kernels: Any | None = None) -> float | None:
-        """The L2 norm of all (still scaled) gradients across ranks, or ``None`` on inf/nan."""
+    def _split_counted(
+        self, live: list[tuple], norm_of: list[list[torch.Tensor]]
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(gradients that count towards the norm, the others): with a model-parallel group, a
+        parameter replicated across its ranks counts on model-parallel rank 0 only; one marked
+        ``tensor_model_parallel`` (or ``model_parallel``), a shard, counts everywhere (spec section 5)."""
+        if self.mp_group is None or self.mp_rank == 0:
+            return [g for grads in norm_of for g in grads], []
+        counted, replicas = [], []
+        for (_, _, idx), grads, flat in zip(live, norm_of, self.groups):
+            for i, g in zip(idx, grads):
+                p = flat.model_params[i]
+                shard = getattr(p, "tensor_model_parallel", False) or getattr(p, "model_parallel", False)
+                (counted if shard else replicas).append(g)
+        return counted, replicas
+
+    def _global_norm(
+        self, grads: list[torch.Tensor], replicas: list[torch.Tensor], kernels: Any | None = None
+    ) -> float | None:
+        """The L2 norm of all (still scaled) gradients across ranks, or ``None`` on inf/nan.
+
+        ``replicas`` do not count towards the norm, but an inf/nan in them still skips the step.
+        """
         if kernels is None:
             sq = self._sum_of_squares(grads, torch.float32)
+            if replicas:  # 0 * inf = nan: their overflow rides along at the cost of one read
+                sq += 0.0 * self._sum_of_squares(replicas, torch.float32)
         else:  # accumulated in fp64: only a real inf/nan makes it non-finite
             sq = torch.tensor(kernels.sum_of_squares(grads), dtype=torch.float64)
+            if replicas:
+                sq += 0.0 * kernels.sum_of_squares(replicas)
         self._all_reduce(sq, dist.ReduceOp.SUM)
         total = sq.item()  # the one host sync of a step
         if math.isfinite(total):
             return math.sqrt(total)
         # rare: either a real inf/nan, or finite grads whose fp32 sum of squares overflowed
-        flag = torch.tensor([float(self._has_nonfinite(grads))], dtype=torch.float64, device=sq.device)
+        flag = torch.tensor(
+            [float(self._has_nonfinite(grads + replicas))], dtype=torch.float64, device=sq.device
+        )
         self._all_reduce(flag, dist.ReduceOp.MAX)
         if flag.item():
             return None
@@ -287,6 +323,10 @@ class MixedPrecisionOptimizer:
         return any(not bool(torch.isfinite(g).all()) for g in grads)
 
     def _all_reduce(self, t: torch.Tensor, op: Any) -> None:
+        """Over the data-parallel group when ranks hold different gradients, then over the
+        model-parallel group when there is one."""
+        if self.mp_group is not None:
+            dist.all_reduce(t, op=op, group=self.mp_group)
         if self.grads_replicated or not dist.is_available() or not dist.is_initialized():
             return
         if dist.get_world_size(self.process_group) > 1:

@@ -51,6 +51,7 @@ class _Group:
     grad_part: torch.Tensor  # this rank's averaged (still loss-scaled) partition gradient
     flat_grad: torch.Tensor | None = None  # stage 1 with contiguous_gradients: grads land here
     opt_group: dict = field(default_factory=dict)
+    norm_ranges: list[tuple[int, int]] | None = None  # see ZeroOptimizer._norm_ranges
 
 
 @dataclass
@@ -85,6 +86,11 @@ class ZeroOptimizer:
       * ``step()`` once at the boundary; it returns False when the step was skipped for overflow.
     Stage 1 keeps full gradients locally and reduces them in ``step()``; stage 2 reduces
     bucket by bucket from gradient hooks during every micro-step's backward and keeps only its slice.
+
+    With ``model_parallel_group`` (Megatron-style model parallelism; ``process_group`` is then the
+    data-parallel group) the global norm and the overflow test also span the model-parallel ranks:
+    parameters marked ``tensor_model_parallel`` (or ``model_parallel``) count on every model-parallel
+    rank, all others on model-parallel rank 0 only.
     """
 
     def __init__(
@@ -107,6 +113,7 @@ class ZeroOptimizer:
         prescale_gradients: bool = False,
         fp32_allreduce: bool = False,
         param_names: dict[int, str] | None = None,
+        model_parallel_group: ProcessGroup | None = None,
     ) -> None:
         _check_options(
             optimizer,
@@ -141,6 +148,9 @@ class ZeroOptimizer:
         self.allgather_partitions = allgather_partitions
         self.cpu_offload = cpu_offload
         self.rule = AveragingRule(self.dp, prescale_gradients, gradient_predivide_factor)
+        # with model parallelism the norm also sums over the model-parallel group (spec section 5)
+        self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
+        self.mp_rank = group_rank(self.mp_group) if self.mp_group is not None else 0
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
         self._groups = [
@@ -187,6 +197,7 @@ class ZeroOptimizer:
         prescale_gradients: bool = False,
         fp32_allreduce: bool = False,
         param_names: dict[int, str] | None = None,
+        model_parallel_group: ProcessGroup | None = None,
     ) -> ZeroOptimizer:
         """Build from the ``zero_optimization`` section model (attribute names equal the JSON keys).
 
@@ -220,6 +231,7 @@ class ZeroOptimizer:
             prescale_gradients=prescale_gradients,
             fp32_allreduce=fp32_allreduce,
             param_names=param_names,
+            model_parallel_group=model_parallel_group,
         )
 
     # ------------------------------------------------------------------ setup
@@ -253,7 +265,26 @@ class ZeroOptimizer:
             flat_grad = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
         grad_part = torch.zeros(layout.partition_numel, dtype=dtype, device=device)
         param_names = [names.get(id(p), f"group{index}.param{i}") for i, p in enumerate(params)]
-        return _Group(index, params, param_names, layout, flat, master, grad_part, flat_grad, opt_group)
+        group = _Group(index, params, param_names, layout, flat, master, grad_part, flat_grad, opt_group)
+        group.norm_ranges = self._norm_ranges(group)
+        return group
+
+    def _norm_ranges(self, g: _Group) -> list[tuple[int, int]] | None:
+        """Ranges of this rank's partition that count towards the global norm (None: all of it).
+
+        With a model-parallel group, a parameter replicated across model-parallel ranks counts on
+        model-parallel rank 0 only; one marked ``model_parallel`` or ``tensor_model_parallel`` (a shard)
+        counts on every rank (spec section 5).
+        """
+        if self.mp_group is None or self.mp_rank == 0:
+            return None
+        ps, pe = g.layout.partition_range(self.rank)
+        ranges = []
+        for i, p in enumerate(g.params):
+            start, end = g.layout.param_range(i)
+            if _is_model_parallel(p) and start < pe and end > ps:
+                ranges.append((max(start, ps) - ps, min(end, pe) - ps))
+        return ranges
 
     def _plan_buckets(self) -> list[_Bucket]:
         """Static buckets in reverse parameter order (the order backward tends to produce grads)."""
@@ -497,14 +528,18 @@ class ZeroOptimizer:
         """Squared L2 norm of all partitions' gradients (inf when any rank saw inf/nan)."""
         local = torch.zeros(2, dtype=torch.float64)
         for g in self._groups:
-            part = g.grad_part.double()
-            local[0] += part.pow(2).sum().cpu()
+            ranges = g.norm_ranges if g.norm_ranges is not None else [(0, g.grad_part.numel())]
+            for lo, hi in ranges:
+                local[0] += g.grad_part[lo:hi].double().pow(2).sum().cpu()
+            # every element counts for overflow, replicated or not
             local[1] = max(float(local[1]), float((~torch.isfinite(g.grad_part)).any()))
         device = self._groups[0].flat.device if self._groups else torch.device("cpu")
         # one collective for both numbers: a SUM of the 0/1 overflow flags is nonzero exactly when
         # their MAX is, so the flag rides along with the sum of squares
         both = local.to(device)
         dist.all_reduce(both, group=self.process_group)
+        if self.mp_group is not None:
+            dist.all_reduce(both, group=self.mp_group)
         if both[1] > 0 or not math.isfinite(float(both[0])):
             return math.inf
         return float(both[0])
@@ -741,6 +776,11 @@ def _jsonable(value):
     if isinstance(value, int | float | bool | str) or value is None:
         return value
     return repr(value)
+
+
+def _is_model_parallel(p: nn.Parameter) -> bool:
+    """Megatron marks its sharded parameters with one of these attributes."""
+    return bool(getattr(p, "model_parallel", False) or getattr(p, "tensor_model_parallel", False))
 
 
 def names_of(module: nn.Module) -> dict[int, str]:
