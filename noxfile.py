@@ -17,9 +17,9 @@ TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "numpy"]
 # package -> (its internal dependencies, extras its tests exercise)
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-config": ([], []),
-    "ds-precision": (["ds-config"], []),
+    "ds-precision": (["ds-config"], ["fast"]),
     "ds-zero": (["ds-config"], []),
-    "ds-optim": (["ds-config"], ["mpi"]),
+    "ds-optim": (["ds-config"], ["mpi", "fast"]),
     "ds-checkpoint": (["ds-config"], []),
     "ds-sparse-attn": (["ds-config"], ["plot"]),
     "ds-launch": (["ds-config"], ["mpi"]),
