@@ -191,7 +191,9 @@ def rss_worker(args: argparse.Namespace) -> None:
 
 def peak_rss_delta_mib(args: argparse.Namespace, mode: str) -> float:
     cmd = [sys.executable, __file__, "--rss-mode", mode] + [
-        f"--{k}={getattr(args, k)}" for k in ("layers", "width", "heads", "seq", "batch", "vocab")
+        f"--{k}={getattr(args, k)}"
+        for k in ("layers", "width", "heads", "seq", "batch", "vocab", "threads")
+        if getattr(args, k) is not None
     ]
     # Every allocation of 64 KiB or more gets its own mmap, returned to the OS when freed, so the
     # RSS follows live tensor memory instead of glibc's retained heap.
@@ -282,11 +284,19 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per mode (after one warm-up)")
     parser.add_argument("--no-rss", action="store_true", help="skip the peak-RSS subprocesses")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (default: torch's); 1 keeps CPU times honest on an oversubscribed machine, "
+        "where waiting OpenMP threads spin and bill CPU time",
+    )
     # One size, for the RSS subprocess.
     for name in ("width", "heads", "seq", "batch"):
         parser.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rss-mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.rss_mode:
         rss_worker(args)
         return
