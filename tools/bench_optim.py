@@ -1,9 +1,11 @@
 """Benchmark ds-optim: CPU Adam throughput and OneBitAdam communication, side by side, as markdown tables.
 
 CPU Adam (Mparam/s, higher is better) on one flat fp32 parameter of ``--params`` elements with
-``--threads`` threads: torch fused AdamW, torch foreach AdamW, ds_optim.CPUAdam (with and without the bf16
-copy), a Numba prange kernel (the measured alternative, not shipped), and DeepSpeed's compiled
-DeepSpeedCPUAdam when /work/venvs/deepspeed exists (run there in a subprocess with DS_ACCELERATOR=cpu).
+``--threads`` threads: torch fused AdamW, torch foreach AdamW, ds_optim.CPUAdam (update only; with the bf16
+copy in one pass on the Numba kernel; with the copy on the torch two-pass fallback), and DeepSpeed's
+compiled DeepSpeedCPUAdam, alone and followed by the bf16 copy_ its ZeRO offload does (0.19.8's step has no
+low-precision output), when /work/venvs/deepspeed exists (run there in a subprocess, DS_ACCELERATOR=cpu).
+Also the Numba kernel's first-call compile time with an empty cache (in a subprocess).
 
 OneBitAdam at 2 and 4 ranks (gloo, one thread per rank): bytes each rank sends per step and time per
 step after freeze_step, against an fp32 all-reduce of the same momentum.
@@ -18,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -35,11 +38,15 @@ DS_SCRIPT = textwrap.dedent(
     n, steps = int(sys.argv[1]), int(sys.argv[3])
     p = torch.nn.Parameter(torch.randn(n)); p.grad = torch.randn(n)
     opt = DeepSpeedCPUAdam([p], lr=1e-3, weight_decay=0.01, adamw_mode=True)
-    opt.step()
-    t = time.perf_counter()
-    for _ in range(steps):
+    q = torch.empty(n, dtype=torch.bfloat16)
+    for copy in (False, True):
         opt.step()
-    print(n * steps / (time.perf_counter() - t) / 1e6)
+        t = time.perf_counter()
+        for _ in range(steps):
+            opt.step()
+            if copy:
+                q.copy_(p.detach())
+        print(n * steps / (time.perf_counter() - t) / 1e6)
     """
 )
 
@@ -60,47 +67,48 @@ def _torch_adamw(n: int, steps: int, **impl) -> float:
     return _time_steps(opt.step, n, steps)
 
 
-def _cpu_adam(n: int, steps: int, lowp: bool) -> float:
-    from ds_optim import CPUAdam
+def _cpu_adam(n: int, steps: int, lowp: bool, one_pass: bool = True) -> float:
+    from ds_optim import CPUAdam, _cpu_adam
 
-    p = torch.nn.Parameter(torch.randn(n))
-    p.grad = torch.randn(n)
-    opt = CPUAdam([p], lr=1e-3, weight_decay=0.01)
-    copy = [torch.empty(n, dtype=torch.bfloat16)] if lowp else None
-    return _time_steps(lambda: opt.step(lowp_params=copy), n, steps)
-
-
-def _numba_adam(n: int, steps: int, threads: int) -> float | None:
+    load = _cpu_adam._load_numba_adam
+    if not one_pass:
+        _cpu_adam._load_numba_adam = lambda: None
     try:
-        import numba
-        import numpy as np
-    except ImportError:
-        return None
-    numba.set_num_threads(threads)
-
-    @numba.njit(parallel=True, fastmath=True)
-    def kernel(p, g, m, v, b1, omb1, b2, omb2, eps, decay, step_size, inv_bc2_sqrt):  # pragma: no cover
-        for i in numba.prange(p.shape[0]):
-            mi = b1 * m[i] + omb1 * g[i]
-            vi = b2 * v[i] + omb2 * g[i] * g[i]
-            m[i] = mi
-            v[i] = vi
-            p[i] = p[i] * decay - step_size * mi / (np.sqrt(vi) * inv_bc2_sqrt + eps)
-
-    arrays = [
-        torch.randn(n).numpy(),
-        torch.randn(n).numpy(),
-        np.zeros(n, np.float32),
-        np.zeros(n, np.float32),
-    ]
-    f = np.float32
-    scalars = (f(0.9), f(0.1), f(0.999), f(0.001), f(1e-8), f(1 - 1e-5), f(1e-2), f(30.0))
-    return _time_steps(lambda: kernel(*arrays, *scalars), n, steps)
+        p = torch.nn.Parameter(torch.randn(n))
+        p.grad = torch.randn(n)
+        opt = CPUAdam([p], lr=1e-3, weight_decay=0.01)
+        copy = [torch.empty(n, dtype=torch.bfloat16)] if lowp else None
+        return _time_steps(lambda: opt.step(lowp_params=copy), n, steps)
+    finally:
+        _cpu_adam._load_numba_adam = load
 
 
-def _deepspeed_cpu_adam(n: int, steps: int, threads: int) -> str:
+# Runs in a fresh interpreter with an empty numba cache; prints the first step's seconds.
+COMPILE_SCRIPT = textwrap.dedent(
+    """
+    import time, torch
+    from ds_optim import CPUAdam
+    p = torch.nn.Parameter(torch.randn(1024)); p.grad = torch.randn(1024)
+    t = time.perf_counter()
+    CPUAdam([p]).step(lowp_params=[torch.empty(1024, dtype=torch.bfloat16)])
+    print(time.perf_counter() - t)
+    """
+)
+
+
+def _numba_compile_s() -> str:
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache)
+        proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        return f"failed: {proc.stderr.strip().splitlines()[-1]}"
+    return f"{float(proc.stdout.strip().splitlines()[-1]):.1f} s"
+
+
+def _deepspeed_cpu_adam(n: int, steps: int, threads: int) -> tuple[str, str]:
+    """Mparam/s of DeepSpeedCPUAdam's step, and of its step followed by the bf16 copy."""
     if not DS_VENV_PYTHON.exists():
-        return "n/a (no /work/venvs/deepspeed)"
+        return ("n/a (no /work/venvs/deepspeed)",) * 2
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads))
     try:
         proc = subprocess.run(
@@ -111,10 +119,11 @@ def _deepspeed_cpu_adam(n: int, steps: int, threads: int) -> str:
             timeout=480,  # the first use compiles the op (~2 min); a stale build lock would hang forever
         )
     except subprocess.TimeoutExpired:
-        return "timed out (op build lock held?)"
+        return ("timed out (op build lock held?)",) * 2
     if proc.returncode != 0:
-        return f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}"
-    return f"{float(proc.stdout.strip().splitlines()[-1]):.0f}"
+        return (f"failed: {proc.stderr.strip().splitlines()[-1] if proc.stderr else proc.returncode}",) * 2
+    alone, with_copy = proc.stdout.strip().splitlines()[-2:]
+    return f"{float(alone):.0f}", f"{float(with_copy):.0f}"
 
 
 def bench_cpu_adam(n: int, threads: int, steps: int) -> str:
@@ -122,12 +131,16 @@ def bench_cpu_adam(n: int, threads: int, steps: int) -> str:
     rows = [
         ("torch.optim.AdamW(fused=True)", f"{_torch_adamw(n, steps, fused=True):.0f}"),
         ("torch.optim.AdamW(foreach=True)", f"{_torch_adamw(n, steps, foreach=True):.0f}"),
-        ("ds_optim.CPUAdam", f"{_cpu_adam(n, steps, lowp=False):.0f}"),
-        ("ds_optim.CPUAdam + bf16 copy", f"{_cpu_adam(n, steps, lowp=True):.0f}"),
+        ("ds_optim.CPUAdam (update only: torch fused kernel)", f"{_cpu_adam(n, steps, lowp=False):.0f}"),
+        ("ds_optim.CPUAdam + bf16 copy, one pass (Numba)", f"{_cpu_adam(n, steps, lowp=True):.0f}"),
+        (
+            "ds_optim.CPUAdam + bf16 copy, two passes (fallback without numba)",
+            f"{_cpu_adam(n, steps, lowp=True, one_pass=False):.0f}",
+        ),
     ]
-    numba_rate = _numba_adam(n, steps, threads)
-    rows.append(("Numba prange kernel (not shipped)", "n/a" if numba_rate is None else f"{numba_rate:.0f}"))
-    rows.append(("deepspeed DeepSpeedCPUAdam (0.19.8)", _deepspeed_cpu_adam(n, steps, threads)))
+    ds_alone, ds_copy = _deepspeed_cpu_adam(n, steps, threads)
+    rows.append(("deepspeed DeepSpeedCPUAdam (0.19.8)", ds_alone))
+    rows.append(("deepspeed DeepSpeedCPUAdam + bf16 copy_ (two passes)", ds_copy))
     lines = [
         f"CPU Adam, {n / 1e6:.0f}M fp32 params, {threads} threads, {steps} timed steps",
         "",
@@ -135,6 +148,7 @@ def bench_cpu_adam(n: int, threads: int, steps: int) -> str:
         "|---|---:|",
     ]
     lines += [f"| {name} | {rate} |" for name, rate in rows]
+    lines += ["", f"Numba kernel compile, first step with an empty cache: {_numba_compile_s()}"]
     return "\n".join(lines)
 
 
