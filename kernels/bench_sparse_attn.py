@@ -3,7 +3,7 @@
     .venv/bin/python kernels/bench_sparse_attn.py                      # CPU, seq 4096 and 16384
     .venv/bin/python kernels/bench_sparse_attn.py --device cuda        # GPU: Numba kernels vs Flex vs SDPA
     .venv/bin/python kernels/bench_sparse_attn.py --skip-dense-above 8192   # no 16384 dense run
-    .venv/bin/python kernels/bench_sparse_attn.py --interleaved --methods ds-sparse-attn   # fair ratios
+    .venv/bin/python kernels/bench_sparse_attn.py --interleaved --methods ds-sparse-attn flex-compiled  # fair ratios
 
 Methods: ds-sparse-attn (default backend: on CPU torch's fused flash kernel over groups of query rows that
 share their key blocks), ds-sparse-attn-gather (backend='torch-gather': the earlier batched matmuls over
@@ -126,8 +126,9 @@ def run_case(args: argparse.Namespace) -> dict:
 
 
 def run_interleaved(args: argparse.Namespace) -> None:
-    """Alternate ds-sparse-attn, its gathered path and dense SDPA call by call in this process, so load from
-    other processes hits all of them alike; prints best-of-repeats times and ratios to dense."""
+    """Alternate ds-sparse-attn, its gathered path, compiled FlexAttention (forward only) and dense SDPA call
+    by call in this process, so load from other processes hits all of them alike; prints best-of-repeats
+    times and ratios to dense and to Flex."""
     from ds_sparse_attn import FixedSparsityConfig, SparseSelfAttention
 
     print(
@@ -147,7 +148,12 @@ def run_interleaved(args: argparse.Namespace) -> None:
         }
         if "flex-compiled" in args.methods:
             methods["flex-compiled"] = _compiled_flex(config.make_layout(seq)[0].bool(), args.block, seq)
-        methods = {name: fn for name, fn in methods.items() if name in args.methods or name == "sdpa-dense"}
+        with_dense = not (args.skip_dense_above and seq > args.skip_dense_above)
+        methods = {
+            name: fn
+            for name, fn in methods.items()
+            if name in args.methods or (name == "sdpa-dense" and with_dense)
+        }
         times: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "fwd_bwd": []} for name in methods}
         for fn in methods.values():  # warm-up (and Flex's compile)
             with torch.no_grad():
@@ -166,7 +172,7 @@ def run_interleaved(args: argparse.Namespace) -> None:
         best = {
             name: {kind: min(ts, default=None) for kind, ts in kinds.items()} for name, kinds in times.items()
         }
-        dense = best["sdpa-dense"]
+        dense = best.get("sdpa-dense", {"fwd": None, "fwd_bwd": None})
         flex = best.get("flex-compiled")
         for name, b in best.items():
             cells = [
@@ -223,7 +229,7 @@ def main() -> None:
     parser.add_argument(
         "--interleaved",
         action="store_true",
-        help="CPU: alternate ds-sparse-attn (and -gather if in --methods) with dense SDPA in one process",
+        help="CPU: alternate the --methods (and dense SDPA) call by call in one process",
     )
     parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
