@@ -46,8 +46,6 @@ RULES = [
                  id="zero2-prescale"),
     pytest.param({"zero_optimization": {"stage": 1}, **ADAM, "fp32_allreduce": True}, "fp32_allreduce",
                  "does not support fp32_allreduce", id="zero+fp32_allreduce"),
-    pytest.param({"zero_optimization": {"stage": 2}, **ADAM, "bf16": {"enabled": True, "grad_accum_dtype": "fp32"}},
-                 "bf16.grad_accum_dtype", "stage 0 only", id="zero2+fp32_grad_accum"),
     pytest.param({"zero_optimization": {"stage": 1}, "optimizer": {"type": "OneBitAdam"}}, "optimizer.type",
                  "1-bit Adam is not compatible with ZeRO", id="onebitadam+zero1"),
     pytest.param({**ZERO2, "optimizer": {"type": "onebitadam"}}, "optimizer.type",

@@ -128,6 +128,7 @@ def build_zero(cfg: dict, model: nn.Module, scaler=None) -> ZeroOptimizer:
         "cpu_offload",
         "gradient_predivide_factor",
         "prescale_gradients",
+        "grad_accum_dtype",
     )
     kwargs = {k: cfg[k] for k in keys if k in cfg}
     return ZeroOptimizer(
@@ -146,7 +147,9 @@ def train_zero(rank: int, cfg: dict, data, model: nn.Module | None = None, zero=
         model = Tiny().to(cfg.get("dtype", torch.float32))
         zero = build_zero(cfg, model, HalvingScaler() if cfg.get("scaler") else None)
     for step in data:
-        for idx, tgt in step:
+        for m, (idx, tgt) in enumerate(step):
+            if not cfg.get("no_boundary"):  # without set_boundary stage 1 reduces everything in step()
+                zero.set_boundary(m == GAS - 1)
             i, t = _my_slice(rank, idx, tgt)
             loss = nn.functional.cross_entropy(model(i).float(), t) / GAS
             zero.backward(loss)
@@ -289,6 +292,87 @@ def load_state(rank: int, world: int, cfg: dict, saved: dict, full: dict[str, to
     return {"final": model.state_dict(), "scaler": zero.scaler.state_dict() if zero.scaler else None}
 
 
+def _chain() -> nn.Module:
+    """Every parameter gets a gradient, so the boundary backward's hooks can launch every bucket."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def overlap_stage1_check(rank: int, world: int) -> dict:
+    """Stage 1 with overlap_comm launches its reductions during the boundary backward, same result.
+
+    Records how many bucket reductions are in flight when each backward returns (before ``step()``),
+    and the weights after training, for each variant against stage 1 without overlap.
+    """
+    g = torch.Generator().manual_seed(3)
+    data = [[torch.randn(world * MICRO_BATCH, 6, generator=g) for _ in range(GAS)] for _ in range(STEPS)]
+    out = {}
+    variants = {
+        "plain": {},
+        "overlap": {"overlap_comm": True},
+        "overlap_contig": {"overlap_comm": True, "contiguous_gradients": True},
+        "overlap_offload": {"overlap_comm": True, "cpu_offload": True},
+    }
+    for name, kwargs in variants.items():
+        model = _chain()
+        zero = ZeroOptimizer(
+            torch.optim.Adam(model.parameters(), lr=0.05), stage=1, reduce_bucket_size=30, **kwargs
+        )
+        inflight = []
+        for step in data:
+            for m, x in enumerate(step):
+                zero.set_boundary(m == GAS - 1)
+                zero.backward(model(x[rank * MICRO_BATCH : (rank + 1) * MICRO_BATCH]).square().mean() / GAS)
+                inflight.append(len(zero._inflight))
+            zero.step()
+        zero.remove_hooks()
+        out[name] = {"inflight": inflight, "buckets": len(zero._buckets), "weights": model.state_dict()}
+    return out
+
+
+def fp32_accum_check(rank: int, world: int) -> dict:
+    """bf16 model, 4 micro-steps: distance of the fp32 master to an fp32 reference, bf16 vs fp32 accumulation.
+
+    SGD makes the master's error proportional to the accumulated gradient's error. The reference
+    starts from the same bf16-rounded weights and trains in fp32 on the concatenated batch.
+    """
+    gas, lr = 4, 0.5
+    g = torch.Generator().manual_seed(7)
+    data = [torch.randn(world * MICRO_BATCH, 16, generator=g) for _ in range(gas)]
+    torch.manual_seed(0)
+    init = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 8)).to(torch.bfloat16)
+    ref = copy.deepcopy(init).float()
+    for x in data:
+        (ref(x).square().mean() / gas).backward()
+    ref_flat = torch.cat([(p - lr * p.grad).detach().reshape(-1) for p in ref.parameters()])
+    out = {}
+    for stage in (1, 2):
+        for accum in ("bf16", "fp32"):
+            model = copy.deepcopy(init)
+            zero = ZeroOptimizer(
+                torch.optim.SGD(model.parameters(), lr=lr),
+                stage=stage,
+                reduce_bucket_size=100,
+                grad_accum_dtype=torch.float32 if accum == "fp32" else None,
+            )
+            for x in data:
+                xb = x[rank * MICRO_BATCH : (rank + 1) * MICRO_BATCH].to(torch.bfloat16)
+                zero.backward(model(xb).float().square().mean() / gas)
+            zero.step()
+            tensors, meta = zero.sharded_state_dict()
+            s0, s1 = meta["groups"][0]["shard"]
+            err = (tensors["g0.master"] - ref_flat[s0:s1]).double().pow(2).sum()
+            layout = zero._groups[0].layout
+            out[f"s{stage}_{accum}"] = {
+                "err_sq": float(err),
+                "grad_bytes": zero.memory_report().grad_bytes,
+                "partition": layout.partition_numel,
+                "padded": layout.padded_numel,
+            }
+            zero.remove_hooks()
+    return out
+
+
 CONFIGS: list[dict] = [
     {"name": "s0", "stage": 0, "clip": 0.1},
     {"name": "s0_overlap", "stage": 0, "overlap_comm": True, "reduce_bucket_size": 30, "clip": 0.1},
@@ -315,7 +399,17 @@ CONFIGS: list[dict] = [
         "scaler": True,
     },
     {"name": "s1_offload_sgd", "stage": 1, "cpu_offload": True, "optim": "sgd", "clip": 0.1},
-    {"name": "s1_adagrad", "stage": 1, "optim": "adagrad", "overlap_comm": True},
+    {"name": "s1_adagrad", "stage": 1, "optim": "adagrad", "overlap_comm": True, "no_boundary": True},
+    {
+        "name": "s1_overlap_contig",
+        "stage": 1,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 20,
+        "scaler": True,
+        "clip": 0.1,
+    },
+    {"name": "s1_overlap_offload", "stage": 1, "overlap_comm": True, "cpu_offload": True, "optim": "adamw"},
     {"name": "s2", "stage": 2, "reduce_bucket_size": 30, "clip": 0.1},
     {"name": "s2_overlap", "stage": 2, "overlap_comm": True, "reduce_bucket_size": 30, "clip": 0.1},
     {

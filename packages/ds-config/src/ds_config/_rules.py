@@ -199,16 +199,6 @@ def fp32_allreduce_with_zero(cfg: DSConfig) -> list[P]:
     return []
 
 
-def fp32_grad_accum_with_zero(cfg: DSConfig) -> list[P]:
-    """bf16.grad_accum_dtype "fp32" is implemented for stage 0 only (ZeRO accumulates in its bf16 partitions)."""
-    stage = cfg.zero_optimization.stage
-    if cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32" and stage > 0:
-        return [P("bf16.grad_accum_dtype", f"fp32 gradient accumulation is supported with zero_optimization.stage "
-                  f"0 only; at stage {stage} gradients accumulate in the bf16 partitions. Remove "
-                  '"grad_accum_dtype" (or set it to "bf16"), or use stage 0', "fp32")]  # fmt: skip
-    return []
-
-
 def onebitadam_with_zero(cfg: DSConfig) -> list[P]:
     """OneBitAdam works with stage 0 only."""
     stage = cfg.zero_optimization.stage
@@ -411,7 +401,6 @@ RULES: tuple[Rule, ...] = (
     offload_rules,
     zero2_reduce_scatter_scaling,
     fp32_allreduce_with_zero,
-    fp32_grad_accum_with_zero,
     onebitadam_with_zero,
     zero_untested_optimizer,
     allgather_size_only_with_boolean_zero,

@@ -88,6 +88,7 @@ def assemble(
             fp32_allreduce=cfg.fp32_allreduce,
             param_names=names,
             model_parallel_group=mp_group,
+            grad_accum_dtype=_grad_accum_dtype(cfg),
         )
     else:
         wrapped = ds_precision.MixedPrecisionOptimizer(
@@ -96,7 +97,7 @@ def assemble(
             dtype=dtype,
             clip_grad=cfg.gradient_clipping,
             process_group=dp_group,
-            fp32_grad_accum=cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32",
+            fp32_grad_accum=_grad_accum_dtype(cfg) == torch.float32,
             module=model,
             model_parallel_group=mp_group,
         )
@@ -111,6 +112,11 @@ def assemble(
     # 6. Activation checkpointing only changes forward, so it is independent of everything above.
     ds_checkpoint.configure(mpu, deepspeed_config=cfg)
     return Parts(model, dtype, wrapped, basic, scaler, reducer, scheduler, dp_group, dp_world_size)
+
+
+def _grad_accum_dtype(cfg: DSConfig) -> torch.dtype | None:
+    """fp32 when ``bf16.grad_accum_dtype`` asks for it; None accumulates in the model dtype."""
+    return torch.float32 if cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32" else None
 
 
 def _model_parallel_group(mpu: Any) -> Any | None:

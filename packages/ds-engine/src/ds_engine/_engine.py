@@ -99,6 +99,8 @@ class DeepSpeedEngine(nn.Module):
         with self.timers.time(BACKWARD):
             if reducer is not None:
                 reducer.set_boundary(boundary)
+            if hasattr(self.optimizer, "set_boundary"):  # ZeRO stage 1 with overlap_comm reduces in backward
+                self.optimizer.set_boundary(boundary)
             with self.timers.time(BACKWARD_INNER):
                 if self.config.amp.enabled:
                     ds_precision.amp_backward(scaled, self.optimizer)

@@ -49,7 +49,8 @@ class _Group:
     flat: torch.Tensor  # full padded low-precision buffer; params are views into it
     master: torch.Tensor  # fp32 copy of this rank's partition: the inner optimizer's only param
     grad_part: torch.Tensor  # this rank's averaged (still loss-scaled) partition gradient
-    flat_grad: torch.Tensor | None = None  # stage 1 with contiguous_gradients: grads land here
+    # stage 1 with contiguous_gradients or fp32 accumulation: the full local gradient accumulates here
+    flat_grad: torch.Tensor | None = None
     opt_group: dict = field(default_factory=dict)
     norm_ranges: list[tuple[int, int]] | None = None  # see ZeroOptimizer._norm_ranges
 
@@ -84,8 +85,15 @@ class ZeroOptimizer:
         the loss by the scaler's ``loss_scale``. Callers that run ``loss.backward()`` themselves must
         call ``micro_step_done()`` after each backward instead.
       * ``step()`` once at the boundary; it returns False when the step was skipped for overflow.
-    Stage 1 keeps full gradients locally and reduces them in ``step()``; stage 2 reduces
+    Stage 1 keeps full gradients locally and reduces them at the boundary; stage 2 reduces
     bucket by bucket from gradient hooks during every micro-step's backward and keeps only its slice.
+    With stage 1 and ``overlap_comm``, call ``set_boundary(is_boundary)`` before each backward: the
+    hooks then launch the reductions during the boundary backward and ``step()`` finishes them
+    (without the call, stage 1 reduces everything in ``step()``).
+
+    ``grad_accum_dtype=torch.float32`` (for bf16/fp16 models) accumulates gradients in fp32: stage 2
+    adds each micro-step's reduced slice into an fp32 partition gradient; stage 1 moves every
+    micro-step's gradient into an fp32 flat buffer from gradient hooks and reduces that buffer in fp32.
 
     With ``model_parallel_group`` (Megatron-style model parallelism; ``process_group`` is then the
     data-parallel group) the global norm and the overflow test also span the model-parallel ranks:
@@ -114,7 +122,12 @@ class ZeroOptimizer:
         fp32_allreduce: bool = False,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
+        grad_accum_dtype: torch.dtype | None = None,
     ) -> None:
+        if grad_accum_dtype not in (None, torch.float32):
+            raise ZeroConfigError(
+                f"grad_accum_dtype must be torch.float32 or None (the model dtype), got {grad_accum_dtype}"
+            )
         _check_options(
             optimizer,
             stage,
@@ -147,6 +160,7 @@ class ZeroOptimizer:
         self.contiguous_gradients = contiguous_gradients or cpu_offload
         self.allgather_partitions = allgather_partitions
         self.cpu_offload = cpu_offload
+        self.grad_accum_dtype = grad_accum_dtype
         self.rule = AveragingRule(self.dp, prescale_gradients, gradient_predivide_factor)
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
@@ -157,6 +171,8 @@ class ZeroOptimizer:
             self._flatten_group(i, g, param_names or {}) for i, g in enumerate(optimizer.param_groups)
         ]
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
+        # fp32 accumulation only does something when the model trains in a lower precision
+        self._fp32_accum = any(g.grad_part.dtype != g.flat.dtype for g in self._groups)
         self._buckets = self._plan_buckets()
         self._bucket_of = {
             id(p): (b, i) for b in self._buckets for i in b.indices for p in [b.group.params[i]]
@@ -167,14 +183,15 @@ class ZeroOptimizer:
         self._inflight: list[_Bucket] = []
         self._next_launch = 0
         self._dirty = False
+        self._armed = False  # stage 1: the coming backward ends the window and overlap_comm is on
         self._stream = None
         self._hooks = []
-        if stage == 2:
-            if self.contiguous_gradients:
-                width = max((b.end - b.start for b in self._buckets), default=0)
-                device = self._groups[0].flat.device if self._groups else torch.device("cpu")
-                dtype = self._groups[0].flat.dtype if self._groups else torch.float32
-                self._slots = [torch.zeros(width, dtype=dtype, device=device) for _ in range(self._nslots)]
+        if stage == 2 and self.contiguous_gradients:
+            width = max((b.end - b.start for b in self._buckets), default=0)
+            device = self._groups[0].flat.device if self._groups else torch.device("cpu")
+            dtype = self._groups[0].flat.dtype if self._groups else torch.float32
+            self._slots = [torch.zeros(width, dtype=dtype, device=device) for _ in range(self._nslots)]
+        if stage == 2 or overlap_comm or self._fp32_accum:
             self._hooks = [
                 p.register_post_accumulate_grad_hook(self._on_grad_ready)
                 for g in self._groups
@@ -198,11 +215,13 @@ class ZeroOptimizer:
         fp32_allreduce: bool = False,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
+        grad_accum_dtype: torch.dtype | None = None,
     ) -> ZeroOptimizer:
         """Build from the ``zero_optimization`` section model (attribute names equal the JSON keys).
 
         The top-level keys (``gradient_clipping``, ``zero_allow_untested_optimizer``,
-        ``gradient_predivide_factor``, ``prescale_gradients``, ``fp32_allreduce``) are passed by the caller.
+        ``gradient_predivide_factor``, ``prescale_gradients``, ``fp32_allreduce``) and the accumulation
+        dtype (``bf16.grad_accum_dtype``) are passed by the caller.
         """
         offload = bool(getattr(config, "cpu_offload", False))
         offload_section = getattr(config, "offload_optimizer", None)
@@ -232,6 +251,7 @@ class ZeroOptimizer:
             fp32_allreduce=fp32_allreduce,
             param_names=param_names,
             model_parallel_group=model_parallel_group,
+            grad_accum_dtype=grad_accum_dtype,
         )
 
     # ------------------------------------------------------------------ setup
@@ -260,10 +280,12 @@ class ZeroOptimizer:
             master = master.pin_memory()
         master.requires_grad_(True)
         opt_group["params"] = [master]
+        # fp32 accumulation holds the accumulated gradient (stage 1: all of it; stage 2: the partition)
+        accum_dtype = self.grad_accum_dtype or dtype
         flat_grad = None
-        if self.stage == 1 and self.contiguous_gradients:
-            flat_grad = torch.zeros(layout.padded_numel, dtype=dtype, device=device)
-        grad_part = torch.zeros(layout.partition_numel, dtype=dtype, device=device)
+        if self.stage == 1 and (self.contiguous_gradients or accum_dtype != dtype):
+            flat_grad = torch.zeros(layout.padded_numel, dtype=accum_dtype, device=device)
+        grad_part = torch.zeros(layout.partition_numel, dtype=accum_dtype, device=device)
         param_names = [names.get(id(p), f"group{index}.param{i}") for i, p in enumerate(params)]
         group = _Group(index, params, param_names, layout, flat, master, grad_part, flat_grad, opt_group)
         group.norm_ranges = self._norm_ranges(group)
@@ -310,6 +332,18 @@ class ZeroOptimizer:
         """The current loss scale (1.0 without a scaler)."""
         return float(self.scaler.loss_scale) if self.scaler is not None else 1.0
 
+    def set_boundary(self, is_boundary: bool) -> None:
+        """Say whether the coming backward ends an accumulation window (call before each backward).
+
+        Only stage 1 with ``overlap_comm`` uses it: the boundary backward's gradient hooks then launch
+        the bucket reductions, in the same fixed order on every rank. Stage 2 reduces every micro-step
+        regardless, so there the call changes nothing.
+        """
+        if self.stage != 1:
+            return
+        self._armed = is_boundary and self.overlap_comm
+        self._reset_micro_step()
+
     def micro_step_done(self) -> None:
         """Finish a micro-step's backward: at stage 2, reduce what is left and wait for all of it."""
         if self.stage != 2 or not self._dirty:
@@ -330,6 +364,12 @@ class ZeroOptimizer:
 
     def _on_grad_ready(self, param: nn.Parameter) -> None:
         bucket, index = self._bucket_of[id(param)]
+        if self.stage == 1:
+            if self._fp32_accum:
+                self._adopt_grad(bucket.group, index)  # bf16 grad -> fp32 buffer, freed at once
+            if self._armed:
+                self._count_ready(bucket)
+            return
         self._dirty = True
         if self.contiguous_gradients and param.grad is not None and self._claim_slot(bucket):
             slot = self._slots[bucket.order % self._nslots]
@@ -337,6 +377,10 @@ class ZeroOptimizer:
             slot[start - bucket.start : end - bucket.start].copy_(param.grad.reshape(-1))
             param.grad = None  # the slot holds it now: free the tensor autograd allocated
             bucket.staged.add(index)
+        self._count_ready(bucket)
+
+    def _count_ready(self, bucket: _Bucket) -> None:
+        """One more gradient of ``bucket`` is final: launch every ready bucket next in the fixed order."""
         bucket.pending -= 1
         while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
             self._launch(self._buckets[self._next_launch])
@@ -360,6 +404,23 @@ class ZeroOptimizer:
 
     def _launch(self, b: _Bucket) -> None:
         g = b.group
+        buf = self._stage1_buffer(b) if self.stage == 1 else self._stage2_buffer(b)
+        stream = self._side_stream(g.flat.device)
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(g.flat.device))
+            with torch.cuda.stream(stream):
+                b.works = self._reduce_range(g, buf, b.start, b.end)
+        else:
+            b.works = self._reduce_range(g, buf, b.start, b.end)
+        b.buf, b.launched = buf, True
+        self._next_launch = b.order + 1
+        self._inflight.append(b)
+        if self.stage == 2 and not self.overlap_comm:
+            self._absorb(b)  # one bucket buffer at a time; stage 1 launches all, then waits for all
+
+    def _stage2_buffer(self, b: _Bucket) -> torch.Tensor:
+        """The bucket's gradients in one flat tensor (a staging slot with contiguous_gradients); frees them."""
+        g = b.group
         if self.contiguous_gradients:
             self._claim_slot(b)
             buf = self._slots[b.order % self._nslots][: b.end - b.start]
@@ -379,18 +440,22 @@ class ZeroOptimizer:
             )
         for i in b.indices:
             g.params[i].grad = None  # stage 2 keeps only its partition's slice
-        stream = self._side_stream(g.flat.device)
-        if stream is not None:
-            stream.wait_stream(torch.cuda.current_stream(g.flat.device))
-            with torch.cuda.stream(stream):
-                b.works = self._reduce_range(g, buf, b.start, b.end)
-        else:
-            b.works = self._reduce_range(g, buf, b.start, b.end)
-        b.buf, b.launched = buf, True
-        self._next_launch = b.order + 1
-        self._inflight.append(b)
-        if not self.overlap_comm:
-            self._absorb(b)
+        return buf
+
+    def _stage1_buffer(self, b: _Bucket) -> torch.Tensor:
+        """The bucket's accumulated full gradients: a view of the flat gradient buffer, or a new flat copy."""
+        g = b.group
+        if g.flat_grad is None:
+            ordered = sorted(b.indices)
+            return flatten(
+                [g.params[i].grad for i in ordered],
+                [g.params[i].shape for i in ordered],
+                g.flat.dtype,
+                g.flat.device,
+            )
+        for i in b.indices:
+            self._adopt_grad(g, i)
+        return g.flat_grad[b.start : b.end]
 
     def _reduce_range(self, g: _Group, buf: torch.Tensor, start: int, end: int) -> list:
         """Sum ``buf`` (flat range ``[start, end)``) across ranks: each slice to its owner, or to all.
@@ -437,39 +502,31 @@ class ZeroOptimizer:
 
     # ------------------------------------------------------------------ stage 1 reduction
     def _reduce_stage1(self) -> None:
-        """Reduce the locally accumulated full gradients; every bucket is launched before any wait."""
-        self._adopt_stray_grads()
-        launched = []
-        for b in self._buckets:
-            g = b.group
-            if g.flat_grad is not None:
-                buf = g.flat_grad[b.start : b.end]
-            else:
-                ordered = sorted(b.indices)
-                buf = flatten(
-                    [g.params[i].grad for i in ordered],
-                    [g.params[i].shape for i in ordered],
-                    g.flat.dtype,
-                    g.flat.device,
-                )
-            launched.append((b, buf, self._reduce_range(g, buf, b.start, b.end)))
-        for b, buf, works in launched:
-            for w in works:
-                w.wait()
-            self._add_owned(b.group, buf, b.start, b.end)
+        """Reduce the locally accumulated full gradients: launch what the hooks have not, then wait for all."""
+        while self._next_launch < len(self._buckets):
+            self._launch(self._buckets[self._next_launch])
+        while self._inflight:
+            self._absorb(self._inflight[0])
+        self._armed = False
+        self._reset_micro_step()
 
-    def _adopt_stray_grads(self) -> None:
-        """Copy grads that are not views of the flat grad buffer (a caller set them to None) into it."""
-        for g in self._groups:
-            if g.flat_grad is None:
-                continue
-            for i, p in enumerate(g.params):
-                start, end = g.layout.param_range(i)
-                view = g.flat_grad[start:end]
-                if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                    if p.grad is not None:
-                        view.copy_(p.grad.reshape(-1))
-                    p.grad = view.view_as(p)
+    def _adopt_grad(self, g: _Group, i: int) -> None:
+        """Make the flat gradient buffer hold parameter ``i``'s gradient when ``.grad`` is not a view of it.
+
+        With fp32 accumulation the low-precision grad is added into the fp32 buffer and freed; otherwise
+        (a caller replaced the view) it is copied in and the view restored.
+        """
+        p = g.params[i]
+        start, end = g.layout.param_range(i)
+        view = g.flat_grad[start:end]
+        if p.grad is None or p.grad.data_ptr() == view.data_ptr():
+            return
+        if self._fp32_accum:
+            view.add_(p.grad.reshape(-1))
+            p.grad = None
+        else:
+            view.copy_(p.grad.reshape(-1))
+            p.grad = view.view_as(p)
 
     # ------------------------------------------------------------------ step
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -477,12 +534,14 @@ class ZeroOptimizer:
         for g in self._groups:
             g.grad_part.zero_()
             g.master.grad = None
-            if g.flat_grad is not None:
+            if g.flat_grad is not None and not self._fp32_accum:
                 g.flat_grad.zero_()
                 for i, p in enumerate(g.params):
                     start, end = g.layout.param_range(i)
                     p.grad = g.flat_grad[start:end].view_as(p)
             else:
+                if g.flat_grad is not None:
+                    g.flat_grad.zero_()
                 for p in g.params:
                     p.grad = None
 
@@ -701,7 +760,7 @@ class ZeroOptimizer:
         return {"tensors": tensors, "meta": meta}
 
     def remove_hooks(self) -> None:
-        """Detach the stage-2 gradient hooks."""
+        """Detach the gradient hooks (stage 2, stage 1 with overlap_comm or fp32 accumulation)."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
