@@ -42,6 +42,14 @@ def configs() -> dict[str, dict]:
             **PRECISIONS[prec],
         }
         out[f"stage{stage}-{prec}-gas{gas}"] = cfg
+    # two options that change how gradients travel, not what they are
+    overlap = out["stage1-fp32-gas4"]
+    out["stage1-fp32-gas4-overlap"] = {
+        **overlap,
+        "zero_optimization": {**overlap["zero_optimization"], "overlap_comm": True},
+    }
+    accum = out["stage2-bf16-gas4"]
+    out["stage2-bf16-gas4-fp32accum"] = {**accum, "bf16": {"enabled": True, "grad_accum_dtype": "fp32"}}
     return out
 
 
