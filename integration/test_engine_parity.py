@@ -38,10 +38,22 @@ def reference(tmp_path_factory) -> dict[str, list[float]]:
 
 
 @pytest.fixture(scope="module")
-def engine_losses(tmp_path_factory) -> dict[str, list[float]]:
+def engine_run(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("engine") / "engine.json"
     launch("engine_parity.py", str(out))
-    return _losses(out)
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def engine_losses(engine_run) -> dict[str, list[float]]:
+    return engine_run["losses"]
+
+
+def test_every_config_keeps_every_rank_s_weights_identical(engine_run):
+    # a gradient that escaped the data-parallel average would make the replicas drift apart
+    drifted = {name: gap for name, gap in engine_run["replica_divergence"].items() if gap != 0.0}
+    assert len(engine_run["replica_divergence"]) == 21
+    assert not drifted, f"ranks hold different weights after training: {drifted}"
 
 
 def test_reference_learns(reference):
@@ -50,7 +62,7 @@ def test_reference_learns(reference):
 
 
 def test_every_config_matches_single_process_torch(engine_losses, reference):
-    assert len(engine_losses) == 20
+    assert len(engine_losses) == 21
     fp32_ref = reference["stage0-fp32-gas1"]
     failures = []
     for name, losses in engine_losses.items():

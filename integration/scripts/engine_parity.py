@@ -48,8 +48,12 @@ def configs() -> dict[str, dict]:
         **overlap,
         "zero_optimization": {**overlap["zero_optimization"], "overlap_comm": True},
     }
-    accum = out["stage2-bf16-gas4"]
-    out["stage2-bf16-gas4-fp32accum"] = {**accum, "bf16": {"enabled": True, "grad_accum_dtype": "fp32"}}
+    for stage in (0, 2):
+        accum = out[f"stage{stage}-bf16-gas4"]
+        out[f"stage{stage}-bf16-gas4-fp32accum"] = {
+            **accum,
+            "bf16": {"enabled": True, "grad_accum_dtype": "fp32"},
+        }
     return out
 
 
@@ -91,7 +95,17 @@ def run(cfg: dict, steps: range, save: str | None, save_at: int | None, load: st
         losses.append(total.item() / world)
         if save and save_at == step + 1:
             engine.save_checkpoint(save, tag=f"step{step + 1}")
-    return losses
+    return losses, replica_divergence(engine.module)
+
+
+def replica_divergence(module: torch.nn.Module) -> float:
+    """Largest difference between this rank's weights and rank 0's: data parallelism keeps them equal."""
+    mine = torch.cat([p.detach().double().reshape(-1) for p in module.parameters()])
+    theirs = mine.clone()
+    dist.broadcast(theirs, src=0)
+    gap = (mine - theirs).abs().max()
+    dist.all_reduce(gap, op=dist.ReduceOp.MAX)
+    return gap.item()
 
 
 def reference(cfg: dict, steps: range) -> list[float]:
@@ -141,15 +155,19 @@ def main() -> None:
         with open(args.out, "w") as f:
             json.dump({"world_size": 1, "losses": results}, f, indent=1)
         return
+    divergence = {}
     for name, cfg in configs().items():
         if args.only and name not in args.only:
             continue
         save = f"{args.save}/{name}" if args.save else None
         load = f"{args.load}/{name}" if args.load else None
-        results[name] = run(cfg, range(args.start, args.start + args.steps), save, args.save_at, load)
+        results[name], divergence[name] = run(
+            cfg, range(args.start, args.start + args.steps), save, args.save_at, load
+        )
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump({"world_size": dist.get_world_size(), "losses": results}, f, indent=1)
+            out = {"world_size": dist.get_world_size(), "losses": results, "replica_divergence": divergence}
+            json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -174,6 +174,24 @@ def test_fp32_grad_accumulation_sums_micro_steps_in_fp32():
     assert not opt.groups[0].flat_grad.any()
 
 
+def test_reduction_params_expose_the_fp32_buffers_to_a_reducer():
+    model, opt = make_wrapped(torch.bfloat16, fp32_grad_accum=True)
+    carriers = opt.reduction_params()
+    flat = opt.groups[0]
+    assert len(carriers) == len(flat.model_params)
+    opt.backward(loss_fn(model, batches(1, batch=4)[0], torch.bfloat16))
+    # a reducer averaging carrier.grad in place averages the fp32 buffer itself
+    for c, view in zip(carriers, flat.grad_views):
+        assert c.grad.data_ptr() == view.data_ptr() and c.shape == view.shape
+        c.grad.mul_(0.5)
+    assert torch.equal(torch.cat([c.grad.flatten() for c in carriers]), flat.flat_grad)
+    opt.gradients_reduced()  # afterwards every parameter holds a (possibly zero) averaged gradient
+    assert all(flat.accumulated)
+    assert opt.reduction_params() is carriers  # built once
+    _, plain = make_wrapped(torch.bfloat16)
+    assert plain.reduction_params() is None  # the model's own gradients are reduced
+
+
 def test_repeated_overflow_at_minimum_stops_naming_the_parameter():
     model, opt = make_wrapped(
         torch.float16,

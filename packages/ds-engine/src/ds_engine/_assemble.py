@@ -102,8 +102,10 @@ def assemble(
             model_parallel_group=mp_group,
         )
     if cfg.zero_optimization.stage == 0 and dp_world_size > 1:  # amp is never ZeRO (ds_config rejects it)
+        # with fp32 gradient accumulation the precision wrapper says which buffers hold the gradients
+        targets = wrapped.reduction_params() if hasattr(wrapped, "reduction_params") else None
         reducer = ds_zero.GradientReducer.from_config(
-            _reduction_targets(model, wrapped), cfg, process_group=dp_group
+            model if targets is None else targets, cfg, process_group=dp_group
         )
 
     # 5. The LR schedule steps the *wrapped* optimizer's groups (those are the ones that update weights).
@@ -156,24 +158,6 @@ def _offload(cfg: DSConfig) -> bool:
     zero = cfg.zero_optimization
     device = getattr(zero.offload_optimizer, "device", None) if zero.offload_optimizer is not None else None
     return bool(zero.cpu_offload) or getattr(device, "value", device) == "cpu"
-
-
-def _reduction_targets(model: nn.Module, wrapped: Any) -> nn.Module | list[nn.Parameter]:
-    """What stage 0 all-reduces: the model's grads, or, with fp32 gradient accumulation, the fp32 buffers.
-
-    With ``bf16.grad_accum_dtype == "fp32"`` the precision wrapper moves each micro-step's gradient into
-    an fp32 buffer and frees the model's; so the reducer gets one carrier parameter per model parameter
-    that shares the fp32 master's storage and whose ``.grad`` is the matching fp32 gradient view.
-    """
-    if not getattr(wrapped, "fp32_grad_accum", False):
-        return model
-    carriers = []
-    for flat in wrapped.groups:
-        for master, grad_view in zip(flat.masters, flat.grad_views):
-            carrier = nn.Parameter(master.detach(), requires_grad=True)
-            carrier.grad = grad_view
-            carriers.append(carrier)
-    return carriers
 
 
 def _build_scheduler(cfg: DSConfig, wrapped: Any, client: Any) -> Any:

@@ -109,7 +109,8 @@ class DeepSpeedEngine(nn.Module):
             if reducer is not None and boundary:
                 with self.timers.time(BACKWARD_REDUCE):
                     reducer.reduce()
-                    _mark_all_accumulated(self.optimizer)
+                    if hasattr(self.optimizer, "gradients_reduced"):
+                        self.optimizer.gradients_reduced()
         return loss
 
     def step(self) -> None:
@@ -255,10 +256,3 @@ class DeepSpeedEngine(nn.Module):
 def _group_params(module: nn.Module, group_meta: dict) -> list[torch.Tensor]:
     named = dict(module.named_parameters())
     return [named[p["name"]] for p in group_meta["params"]]
-
-
-def _mark_all_accumulated(optimizer: Any) -> None:
-    """After an all-reduce every fp32-accumulated gradient is defined on every rank (zeros where absent)."""
-    if getattr(optimizer, "fp32_grad_accum", False):
-        for flat in optimizer.groups:
-            flat.accumulated = [True] * len(flat.accumulated)

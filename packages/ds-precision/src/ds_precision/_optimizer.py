@@ -114,6 +114,7 @@ class MixedPrecisionOptimizer:
         self._window_steps = 0
         self._window_skipped = 0
         self._hooks = self._register_accum_hooks() if self.fp32_grad_accum else []
+        self._reduction_params: list[torch.nn.Parameter] | None = None
         self._kernels = _load_kernels(numba_kernels) if dtype == torch.bfloat16 and not alias else None
 
     # ---------------------------------------------------------------- construction
@@ -190,6 +191,32 @@ class MixedPrecisionOptimizer:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Backward of the scaled loss (kwargs go to ``Tensor.backward``, e.g. ``retain_graph``)."""
         self.scale_loss(loss).backward(**kwargs)
+
+    def reduction_params(self) -> list[torch.nn.Parameter] | None:
+        """What a data-parallel reducer must average in place; ``None`` means the model's own gradients.
+
+        With ``fp32_grad_accum`` each backward moves the model's gradients into fp32 buffers and frees
+        them, so the reducer must average those buffers instead: one parameter per trainable model
+        parameter, sharing its fp32 master's storage, whose ``.grad`` is always its slice of the fp32
+        buffer (zeros where this rank accumulated nothing). Call :meth:`gradients_reduced` afterwards.
+        """
+        if not self.fp32_grad_accum:
+            return None
+        if self._reduction_params is None:
+            self._reduction_params = []
+            for flat in self.groups:
+                for master, grad_view in zip(flat.masters, flat.grad_views):
+                    carrier = torch.nn.Parameter(master.detach(), requires_grad=True)
+                    carrier.grad = grad_view
+                    self._reduction_params.append(carrier)
+        return self._reduction_params
+
+    def gradients_reduced(self) -> None:
+        """Say that the fp32 buffers were averaged across ranks: every parameter now has a gradient
+        (the average, zero where no rank had one), so every one of them is stepped, on every rank."""
+        if self.fp32_grad_accum:
+            for flat in self.groups:
+                flat.accumulated = [True] * len(flat.accumulated)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Release the model's gradients and clear the fp32 accumulation buffer."""
