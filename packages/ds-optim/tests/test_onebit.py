@@ -29,7 +29,7 @@ def test_pack_unpack_every_byte_and_batched_rows():
 
 def test_layout_pads_to_world_times_lcm_and_round_trips():
     tensors = [torch.randn(3, 5), torch.randn(100), torch.randn(1)]
-    layout = _Layout.build([t.numel() for t in tensors], world_size=3, device=torch.device("cpu"))
+    layout = _Layout.build([t.numel() for t in tensors], world_size=3)
     assert layout.chunks == [24, 48, 24]  # lcm(3, 8) = 24; each tensor padded to a multiple of 3 * 24
     buf = torch.empty(3, layout.columns)
     layout.gather(tensors, buf)

@@ -61,7 +61,7 @@ class _Layout:
     offsets: list[int]
 
     @classmethod
-    def build(cls, numels: list[int], world_size: int, device: torch.device) -> _Layout:
+    def build(cls, numels: list[int], world_size: int) -> _Layout:
         divider = math.lcm(world_size, 8)
         chunks = [math.ceil(n / (world_size * divider)) * divider for n in numels]
         offsets = [sum(chunks[:t]) for t in range(len(chunks))]
@@ -169,7 +169,9 @@ class _MpiComm:
             x.copy_(r).div_(self.world_size)
 
 
-def _compress(x: torch.Tensor, error: torch.Tensor, cols: list[slice], sizes: list[int]) -> torch.Tensor:
+def _compress(
+    x: torch.Tensor, error: torch.Tensor, cols: list[slice], sizes: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """1-bit compress ``x``: writes ``error = x - scale * sign(x)`` and returns the packed sign bits.
 
     ``x`` and ``error`` are (W, S) or (S,), tensor t in columns ``cols[t]`` with scale
@@ -344,7 +346,7 @@ class OneBitAdam(torch.optim.Optimizer):
     def _buffers(self, index: int, tensors: list[torch.Tensor]) -> tuple[_Layout, torch.Tensor, torch.Tensor]:
         if index not in self._errors:
             device = tensors[0].device
-            layout = _Layout.build([t.numel() for t in tensors], self.world_size, device)
+            layout = _Layout.build([t.numel() for t in tensors], self.world_size)
             worker_error = torch.zeros(self.world_size, layout.columns, device=device)
             server_error = torch.zeros(layout.columns, device=device)
             self._errors[index] = (layout, worker_error, server_error)
@@ -379,10 +381,11 @@ class OneBitAdam(torch.optim.Optimizer):
         gathered = self._comm.all_gather(torch.cat([packed, _float_bytes(server_scales)]))
         bits = unpack_signs(gathered[:, :packed_cols]).view(torch.uint8)  # (W, S) of 0/1
         scales = gathered[:, packed_cols:].contiguous().view(torch.float32)  # (W, T)
-        for t, (x, col) in enumerate(zip(tensors, cols)):
+        values = bits.to(torch.float32)  # (W, S): becomes +-scale of each rank's chunk
+        for t, col in enumerate(cols):
             s = scales[:, t : t + 1]
-            values = bits[:, col].to(torch.float32).mul_(2.0 * s).sub_(s)  # (W, c): +-scale of each rank
-            x.copy_(values.view(-1)[: layout.numels[t]].view_as(x))
+            values[:, col].mul_(2.0 * s).sub_(s)
+        layout.scatter(values, tensors)
 
         row_bytes = packed_cols + 4 * len(layout.chunks)
         self.last_step_bytes_sent += 2 * (world - 1) * row_bytes

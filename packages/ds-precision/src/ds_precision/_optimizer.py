@@ -115,6 +115,10 @@ class MixedPrecisionOptimizer:
         self._window_skipped = 0
         self._hooks = self._register_accum_hooks() if self.fp32_grad_accum else []
         self._reduction_params: list[torch.nn.Parameter] | None = None
+        # per group, per parameter: does it count towards the norm on this rank (spec section 5)
+        self._counted = [
+            [self.mp_rank == 0 or _is_model_parallel(p) for p in flat.model_params] for flat in self.groups
+        ]
         self._kernels = _load_kernels(numba_kernels) if dtype == torch.bfloat16 and not alias else None
 
     # ---------------------------------------------------------------- construction
@@ -301,11 +305,9 @@ class MixedPrecisionOptimizer:
         if self.mp_group is None or self.mp_rank == 0:
             return [g for grads in norm_of for g in grads], []
         counted, replicas = [], []
-        for (_, _, idx), grads, flat in zip(live, norm_of, self.groups):
+        for (_, _, idx), grads, flags in zip(live, norm_of, self._counted):
             for i, g in zip(idx, grads):
-                p = flat.model_params[i]
-                shard = getattr(p, "tensor_model_parallel", False) or getattr(p, "model_parallel", False)
-                (counted if shard else replicas).append(g)
+                (counted if flags[i] else replicas).append(g)
         return counted, replicas
 
     def _global_norm(
@@ -467,6 +469,11 @@ class MixedPrecisionOptimizer:
             f"MixedPrecisionOptimizer({type(self.optimizer).__name__}, dtype={self.dtype}, params={n}, "
             f"scaler={self.scaler!r}, clip_grad={self.clip_grad})"
         )
+
+
+def _is_model_parallel(p: torch.nn.Parameter) -> bool:
+    """Megatron marks its sharded parameters with one of these attributes."""
+    return bool(getattr(p, "tensor_model_parallel", False) or getattr(p, "model_parallel", False))
 
 
 def _load_kernels(wanted: bool | None) -> Any | None:

@@ -534,16 +534,14 @@ class ZeroOptimizer:
         for g in self._groups:
             g.grad_part.zero_()
             g.master.grad = None
-            if g.flat_grad is not None and not self._fp32_accum:
+            if g.flat_grad is not None:
                 g.flat_grad.zero_()
-                for i, p in enumerate(g.params):
-                    start, end = g.layout.param_range(i)
-                    p.grad = g.flat_grad[start:end].view_as(p)
-            else:
-                if g.flat_grad is not None:
-                    g.flat_grad.zero_()
-                for p in g.params:
-                    p.grad = None
+            # contiguous stage 1 lets autograd accumulate straight into the flat buffer; with fp32
+            # accumulation the hooks add the low-precision grads into it instead
+            views = g.flat_grad is not None and not self._fp32_accum
+            for i, p in enumerate(g.params):
+                start, end = g.layout.param_range(i)
+                p.grad = g.flat_grad[start:end].view_as(p) if views else None
 
     def step(self) -> bool:
         """Optimizer step at a gradient-accumulation boundary; returns False if skipped for overflow.
@@ -588,8 +586,8 @@ class ZeroOptimizer:
         local = torch.zeros(2, dtype=torch.float64)
         for g in self._groups:
             ranges = g.norm_ranges if g.norm_ranges is not None else [(0, g.grad_part.numel())]
-            for lo, hi in ranges:
-                local[0] += g.grad_part[lo:hi].double().pow(2).sum().cpu()
+            zero = torch.zeros((), dtype=torch.float64, device=g.grad_part.device)
+            local[0] += sum((g.grad_part[lo:hi].double().pow(2).sum() for lo, hi in ranges), zero).cpu()
             # every element counts for overflow, replicated or not
             local[1] = max(float(local[1]), float((~torch.isfinite(g.grad_part)).any()))
         device = self._groups[0].flat.device if self._groups else torch.device("cpu")
