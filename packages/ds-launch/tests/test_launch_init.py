@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
 import sys
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -114,3 +117,46 @@ def test_env_launch_without_master_is_an_error(clean_env):
         LaunchEnvError, match="MASTER_ADDR and MASTER_PORT are not set and the launcher did not"
     ):
         init_distributed()
+
+
+def _rank_procs(script_args: list[str], world_size: int) -> list[subprocess.Popen]:
+    """``scripts/exit_rank.py`` on ``world_size`` ranks, started directly (no launcher to kill them)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = str(Path(__file__).parent / "scripts" / "exit_rank.py")
+    procs = []
+    for rank in range(world_size):
+        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+        env.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, script, *script_args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
+    return procs
+
+
+def test_a_clean_exit_destroys_the_process_group(tmp_path):
+    # Leaving the process groups to interpreter teardown can abort a gloo rank
+    # ("terminate called without an active exception"): init_distributed tears them down at exit.
+    procs = _rank_procs([str(tmp_path), "clean"], 2)
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    assert [rc for rc, _ in results] == [0, 0], results
+    assert [(tmp_path / f"exit{r}.txt").read_text() for r in range(2)] == ["destroyed", "destroyed"]
+
+
+def test_a_failing_rank_exits_without_waiting_for_its_peers(tmp_path):
+    # Tearing down a group with a collective in flight waits for the peers; a rank that dies of an
+    # exception must not, or it would hang with the peers waiting for it.
+    rank0, rank1 = _rank_procs([str(tmp_path), "raise"], 2)
+    try:
+        assert rank0.wait(timeout=60) == 1
+        assert "RuntimeError: rank 0 failed with a collective in flight" in rank0.stderr.read()
+    finally:
+        (tmp_path / "release").touch()
+        rank1.wait(timeout=120)

@@ -1,0 +1,39 @@
+"""A rank that never calls destroy_process_group: how does it leave?
+
+Usage: exit_rank.py OUT MODE, run with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. An atexit handler
+registered before init_distributed runs after init_distributed's own (atexit is last in, first out)
+and records whether the process group was still initialised at that point, in OUT/exit{RANK}.txt.
+MODE "clean" returns normally right after a collective; "raise" leaves an all-reduce in flight and
+raises (rank 0 only; rank 1 waits, as a healthy peer would, until the file OUT/release exists).
+"""
+
+import atexit
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from ds_launch import init_distributed
+
+out, mode = Path(sys.argv[1]), sys.argv[2]
+
+
+def record() -> None:
+    (out / f"exit{dist.get_rank() if dist.is_initialized() else topo.rank}.txt").write_text(
+        "initialised" if dist.is_initialized() else "destroyed"
+    )
+
+
+atexit.register(record)
+topo = init_distributed(backend="gloo")
+group = dist.new_group(list(range(topo.world_size)))  # a subgroup too: teardown must cover it
+dist.all_reduce(torch.ones(4), group=group)
+dist.all_reduce(torch.ones(4))  # the last collective's tensor dies as the call returns
+if mode == "raise":
+    if topo.rank == 0:
+        dist.all_reduce(torch.ones(1 << 16), async_op=True)  # rank 1 never joins this one
+        raise RuntimeError("rank 0 failed with a collective in flight")
+    deadline = time.monotonic() + 120
+    while not (out / "release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
