@@ -136,18 +136,18 @@ def _publish(topology: Topology) -> None:
 def _leave(group: object) -> None:
     """At interpreter exit, take down the process group this module created, or leave at once.
 
-    After a clean run: destroy the groups, then let go of the GIL for a moment. A gloo worker thread
-    frees each finished collective's tensors after waking the waiter, and needs the GIL for it; if
-    it first gets the GIL during interpreter teardown the process aborts ("terminate called without
-    an active exception"). Groups the script still references keep their threads past destruction,
-    so only the pause makes this safe. After an uncaught exception: exit with status 1 without
-    tearing down (earlier atexit handlers are skipped; logging and stdio are flushed), because
-    teardown waits for any collective in flight, and the peers in it are waiting for this rank:
-    both would hang until the collective timeout instead of failing now.
+    After a clean run: destroy the groups if the script has not, then let go of the GIL for a
+    moment, whoever destroyed them. A gloo worker thread frees each finished collective's tensors
+    after waking the waiter, and needs the GIL for it; if it first gets the GIL during interpreter
+    teardown the process aborts ("terminate called without an active exception"). Destroyed groups
+    that are still referenced (this handler holds the world group) keep their threads, so only the
+    pause makes exit safe. After an uncaught exception, with the group still up: exit with status 1
+    without tearing down (earlier atexit handlers are skipped; logging and stdio are flushed),
+    because teardown waits for any collective in flight, and the peers in it are waiting for this
+    rank: both would hang until the collective timeout instead of failing now.
     """
-    if not (dist.is_available() and dist.is_initialized()) or dist.group.WORLD is not group:
-        return  # the user destroyed it (and maybe made another, which is theirs to take down)
-    if getattr(sys, "last_value", None) is not None and not hasattr(sys, "ps1"):
+    ours = dist.is_available() and dist.is_initialized() and dist.group.WORLD is group
+    if ours and getattr(sys, "last_value", None) is not None and not hasattr(sys, "ps1"):
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -155,7 +155,8 @@ def _leave(group: object) -> None:
             except (AttributeError, OSError, ValueError):
                 pass
         os._exit(1)
-    dist.destroy_process_group()
+    if ours:
+        dist.destroy_process_group()  # a group the user made after destroying ours is theirs
     time.sleep(0.2)  # 50 ms stopped every abort in 80 runs under load; this leaves a margin
 
 
