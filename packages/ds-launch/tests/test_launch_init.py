@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -14,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 from ds_launch import LaunchEnvError, Topology, init_distributed  # noqa: E402
+from ds_launch.cli import _free_port  # noqa: E402
 
 LAUNCH_VARS = (
     "RANK",
@@ -26,12 +26,16 @@ LAUNCH_VARS = (
 )
 
 
+def _is_launch_var(name: str) -> bool:
+    return name in LAUNCH_VARS or name.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_"))
+
+
 @pytest.fixture
 def clean_env(monkeypatch):
     """No launcher variables; init_distributed's own exports are undone afterwards."""
     saved = dict(os.environ)
     for name in list(os.environ):
-        if name in LAUNCH_VARS or name.startswith(("OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_")):
+        if _is_launch_var(name):
             monkeypatch.delenv(name)
     yield monkeypatch
     if dist.is_initialized():
@@ -121,13 +125,11 @@ def test_env_launch_without_master_is_an_error(clean_env):
 
 def _rank_procs(script_args: list[str], world_size: int) -> list[subprocess.Popen]:
     """``scripts/exit_rank.py`` on ``world_size`` ranks, started directly (no launcher to kill them)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = _free_port()
     script = str(Path(__file__).parent / "scripts" / "exit_rank.py")
     procs = []
     for rank in range(world_size):
-        env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+        env = {k: v for k, v in os.environ.items() if not _is_launch_var(k)}
         env.update(RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         procs.append(
             subprocess.Popen(
@@ -145,8 +147,8 @@ def test_a_clean_exit_destroys_the_process_group(tmp_path):
     # Leaving the process groups to interpreter teardown can abort a gloo rank
     # ("terminate called without an active exception"): init_distributed tears them down at exit.
     procs = _rank_procs([str(tmp_path), "clean"], 2)
-    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
-    assert [rc for rc, _ in results] == [0, 0], results
+    stderrs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], stderrs
     assert [(tmp_path / f"exit{r}.txt").read_text() for r in range(2)] == ["destroyed", "destroyed"]
 
 
@@ -155,8 +157,9 @@ def test_a_failing_rank_exits_without_waiting_for_its_peers(tmp_path):
     # exception must not, or it would hang with the peers waiting for it.
     rank0, rank1 = _rank_procs([str(tmp_path), "raise"], 2)
     try:
-        assert rank0.wait(timeout=60) == 1
-        assert "RuntimeError: rank 0 failed with a collective in flight" in rank0.stderr.read()
+        stderr = rank0.communicate(timeout=60)[1]
+        assert rank0.returncode == 1
+        assert "RuntimeError: rank 0 failed with a collective in flight" in stderr
     finally:
         (tmp_path / "release").touch()
-        rank1.wait(timeout=120)
+        rank1.communicate(timeout=120)

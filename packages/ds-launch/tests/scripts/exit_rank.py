@@ -20,9 +20,7 @@ out, mode = Path(sys.argv[1]), sys.argv[2]
 
 
 def record() -> None:
-    (out / f"exit{dist.get_rank() if dist.is_initialized() else topo.rank}.txt").write_text(
-        "initialised" if dist.is_initialized() else "destroyed"
-    )
+    (out / f"exit{topo.rank}.txt").write_text("initialised" if dist.is_initialized() else "destroyed")
 
 
 atexit.register(record)
