@@ -10,14 +10,20 @@ from __future__ import annotations
 
 import ctypes
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-__all__ = ["ChildSpec", "run_supervised", "describe_exit", "POLL_INTERVAL_S"]
+from ._output import OutputForwarder
+from ._report import ProcessExit, describe_exit, first_failure, rank_ends, read_events, report
+
+__all__ = ["ChildSpec", "Job", "run_supervised", "describe_exit", "POLL_INTERVAL_S"]
 
 POLL_INTERVAL_S = 0.05
 EXIT_TIMEOUT = 124  # what coreutils `timeout` returns, so scripts can tell a timeout from a crash
@@ -26,22 +32,24 @@ _PR_SET_PDEATHSIG = 1
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One process of the job: a display name ("rank 3"), its argv and its full environment."""
+    """One process of the job: a display name ("rank 3"), its argv and its full environment.
+
+    ``rank`` is the global rank the process runs, or None for a process that starts ranks itself
+    (mpirun)."""
 
     name: str
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    rank: int | None = None
 
 
-def describe_exit(returncode: int) -> str:
-    """'exited with code 3' or 'was killed by signal SIGKILL (9)' for a Popen return code."""
-    if returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = "unknown signal"
-        return f"was killed by signal {name} ({-returncode})"
-    return f"exited with code {returncode}"
+@dataclass(frozen=True)
+class Job:
+    """What the launcher needs to report on the ranks: how many, and where they record their end."""
+
+    world_size: int
+    events_dir: Path
+    tag_output: bool = False
 
 
 def _exit_code(returncode: int) -> int:
@@ -100,60 +108,123 @@ class _Signals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
 
 
-def _log(message: str) -> None:
-    print(f"ds-launch: {message}", file=sys.stderr, flush=True)
+def run_supervised(
+    specs: Sequence[ChildSpec], job: Job, timeout_s: float | None = None, grace_s: float = 5.0
+) -> int:
+    """Start every child, wait for all; return 0, or the code of the rank that failed first.
 
-
-def run_supervised(specs: Sequence[ChildSpec], timeout_s: float | None = None, grace_s: float = 5.0) -> int:
-    """Start every child, wait for all; return 0, or the failing child's code (128+N for signal N).
-
-    When a child exits non-zero or dies from a signal, the others get SIGTERM, then SIGKILL after
-    ``grace_s``. A SIGINT/SIGTERM/SIGHUP to the launcher is forwarded to every child's group the
-    same way (exit code 128+signal). After ``timeout_s`` seconds the job is stopped (exit 124).
+    Children's output is forwarded line by line (``_output``). When a child exits non-zero or dies
+    from a signal, the others get SIGTERM, then SIGKILL after ``grace_s``, and once all have ended
+    the report names the rank that failed first (``_report``), with its last stderr lines. A
+    SIGINT/SIGTERM/SIGHUP to the launcher is forwarded to every child's group the same way (exit
+    code 128+signal). After ``timeout_s`` seconds the job is stopped (exit 124).
     """
     launcher_pid = os.getpid()
+    output = OutputForwarder(job.tag_output)
     procs: list[subprocess.Popen] = []
+    exits: queue.Queue[tuple[int, ProcessExit]] = queue.Queue()
     with _Signals() as signals:
         try:
             for spec in specs:
-                procs.append(
-                    subprocess.Popen(
+                out_w, err_w = output.pipes_for(spec.name)
+                try:
+                    proc = subprocess.Popen(
                         spec.argv,
                         env=spec.env,
+                        stdout=out_w,
+                        stderr=err_w,
                         start_new_session=True,
                         preexec_fn=lambda: _die_with_launcher(launcher_pid),
                     )
-                )
-            return _watch(specs, procs, signals, timeout_s, grace_s)
+                finally:
+                    os.close(out_w)  # the child holds them now; EOF comes when it (and its own children) end
+                    os.close(err_w)
+                procs.append(proc)
+                threading.Thread(target=_reap, args=(len(procs) - 1, proc, exits), daemon=True).start()
+            output.start()
+            watch = _Watch(specs, procs, exits, output)
+            code = watch.run(signals, timeout_s, grace_s)
         finally:
             _stop_all(procs, signal.SIGTERM, grace_s if any(p.poll() is None for p in procs) else 0.0)
+            output.close()
+    if watch.failed:
+        return _report_failure(specs, job, watch, output, code)
+    return code
 
 
-def _watch(
-    specs: Sequence[ChildSpec],
-    procs: list[subprocess.Popen],
-    signals: _Signals,
-    timeout_s: float | None,
-    grace_s: float,
-) -> int:
-    deadline = None if not timeout_s else time.monotonic() + timeout_s
-    while True:
-        if signals.received is not None:
-            name = signal.Signals(signals.received).name
-            _log(f"received {name}; forwarding it to all {len(procs)} processes")
-            _stop_all(procs, signals.received, grace_s)
-            return 128 + signals.received
-        codes = [p.poll() for p in procs]
-        for spec, code in zip(specs, codes):
-            if code:
-                others = sum(c is None for c in codes)
-                _log(f"{spec.name} {describe_exit(code)}; stopping the other {others} running process(es)")
-                _stop_all(procs, signal.SIGTERM, grace_s)
-                return _exit_code(code)
-        if all(code == 0 for code in codes):
-            return 0
-        if deadline is not None and time.monotonic() > deadline:
-            _log(f"the job did not finish within --timeout {timeout_s:g} s; stopping all processes")
-            _stop_all(procs, signal.SIGTERM, grace_s)
-            return EXIT_TIMEOUT
-        time.sleep(POLL_INTERVAL_S)
+def _reap(index: int, proc: subprocess.Popen, exits: queue.Queue) -> None:
+    """Wait for one child in its own thread, so its exit is timed when it happens, not at a poll."""
+    returncode = proc.wait()
+    exits.put((index, ProcessExit(time.monotonic_ns(), returncode)))
+
+
+class _Watch:
+    """The launcher's loop: exits, forwarded signals and the timeout; records when it stopped the job."""
+
+    def __init__(self, specs, procs, exits: queue.Queue, output: OutputForwarder) -> None:
+        self.specs, self.procs, self.exits, self.output = specs, procs, exits, output
+        self.seen: dict[int, ProcessExit] = {}  # by index into specs
+        self.stop_t_ns: int | None = None
+        self.failed = False
+
+    def _stop(self, sig: int, grace_s: float) -> None:
+        self.stop_t_ns = time.monotonic_ns()
+        _stop_all(self.procs, sig, grace_s)
+        while len(self.seen) < len(self.procs):  # every reaper reports right after the reaping above
+            index, ended = self.exits.get()
+            self.seen[index] = ended
+
+    def run(self, signals: _Signals, timeout_s: float | None, grace_s: float) -> int:
+        deadline = None if not timeout_s else time.monotonic() + timeout_s
+        while True:
+            if signals.received is not None:
+                name = signal.Signals(signals.received).name
+                self.output.log(f"received {name}; forwarding it to all {len(self.procs)} processes")
+                self._stop(signals.received, grace_s)
+                return 128 + signals.received
+            try:
+                index, ended = self.exits.get(timeout=POLL_INTERVAL_S)
+                self.seen[index] = ended
+            except queue.Empty:
+                pass
+            else:
+                if ended.returncode != 0:
+                    self.failed = True
+                    spec, running = self.specs[index], len(self.procs) - len(self.seen)
+                    # Not named here: the first rank to exit is often not the first to fail.
+                    who = (
+                        "a rank failed"
+                        if spec.rank is not None
+                        else f"{spec.name} {describe_exit(ended.returncode)}"
+                    )
+                    self.output.log(
+                        f"{who}; stopping the other {running} running process(es); "
+                        "the report follows once all have ended"
+                    )
+                    self._stop(signal.SIGTERM, grace_s)
+                    return _exit_code(ended.returncode)
+                if len(self.seen) == len(self.procs):
+                    return 0
+            if deadline is not None and time.monotonic() > deadline:
+                self.output.log(
+                    f"the job did not finish within --timeout {timeout_s:g} s; stopping all processes"
+                )
+                self._stop(signal.SIGTERM, grace_s)
+                return EXIT_TIMEOUT
+
+
+def _report_failure(specs, job: Job, watch: _Watch, output: OutputForwarder, fallback_code: int) -> int:
+    """Print which rank failed first and what followed; return that rank's exit code."""
+    exits = {
+        spec.rank: watch.seen[i] for i, spec in enumerate(specs) if spec.rank is not None and i in watch.seen
+    }
+    ends = rank_ends(job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, job_failed=True)
+    names = {spec.rank: spec.name for spec in specs if spec.rank is not None}
+    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else []):
+        _print_log(line)
+    first = first_failure(ends)
+    return fallback_code if first is None or first.code is None else _exit_code(first.code)
+
+
+def _print_log(message: str) -> None:
+    print(f"ds-launch: {message}", file=sys.stderr, flush=True)

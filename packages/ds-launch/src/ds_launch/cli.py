@@ -8,13 +8,15 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from ._exports import EnvFileError, exported_environment
 from ._hostfile import HostfileError, parse_hostfile, select_resources
 from ._mpirun import MpirunNotFound, build_mpirun_command, find_mpirun
-from ._supervise import ChildSpec, run_supervised
+from ._rank_entry import EVENTS_DIR_ENV
+from ._supervise import ChildSpec, Job, run_supervised
 
 __all__ = ["main", "build_parser", "local_rank_specs", "program_argv"]
 
@@ -63,6 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping ranks"
     )
+    p.add_argument(
+        "--tag_output",
+        action="store_true",
+        help="prefix each line a rank writes with '[rank N] ' (local launcher; mpirun has --tag-output)",
+    )
     p.add_argument("user_script", help="the training script (or module with --module)")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -88,8 +95,9 @@ def _resources(args: argparse.Namespace, gpu_ids: list[str]) -> tuple[dict[str, 
 
 
 def program_argv(args: argparse.Namespace) -> list[str]:
-    """How each rank starts the user's code: ``python -u script`` or ``python -u -m module``."""
-    return [sys.executable, "-u", *(["-m"] if args.module else []), args.user_script]
+    """How each rank starts the user's code: as ``python script`` (or ``python -m module``) would,
+    through ``_rank_entry``, which line-buffers its output and records how it ends."""
+    return [sys.executable, "-m", "ds_launch._rank_entry", *(["-m"] if args.module else []), args.user_script]
 
 
 def _free_port() -> int:
@@ -107,6 +115,7 @@ def local_rank_specs(
     master_port: int,
     pass_local_rank: bool = True,
     gpu_ids: Sequence[str] = (),
+    events_dir: str = "",
 ) -> list[ChildSpec]:
     """One rank per slot on this host, with the environment of DeepSpeed's launch.py and torchrun."""
     world_size = len(slots)
@@ -125,16 +134,20 @@ def local_rank_specs(
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
         )
+        if events_dir:
+            env[EVENTS_DIR_ENV] = events_dir
         if gpu_ids and max(slots) < len(gpu_ids):
             # Every rank sees the host's selected GPUs and picks cuda:LOCAL_RANK, as with launch.py;
             # more ranks than GPUs share them round-robin instead.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[s] for s in slots)
         local_rank_arg = [f"--local_rank={rank}"] if pass_local_rank else []
-        specs.append(ChildSpec(f"rank {rank}", [*program, *local_rank_arg, *user_args], env))
+        specs.append(ChildSpec(f"rank {rank}", [*program, *local_rank_arg, *user_args], env, rank))
     return specs
 
 
-def _launch_local(args: argparse.Namespace, active: dict[str, list[int]], gpu_ids: list[str]) -> int:
+def _launch_local(
+    args: argparse.Namespace, active: dict[str, list[int]], gpu_ids: list[str], events_dir: str
+) -> int:
     ((host, slots),) = active.items()
     if host not in _LOCAL_HOSTS and host != socket.gethostname():
         raise HostfileError(
@@ -150,12 +163,14 @@ def _launch_local(args: argparse.Namespace, active: dict[str, list[int]], gpu_id
         port,
         pass_local_rank=not args.no_local_rank,
         gpu_ids=gpu_ids,
+        events_dir=events_dir,
     )
-    return run_supervised(specs, timeout_s=args.timeout or None, grace_s=args.grace)
+    job = Job(len(specs), Path(events_dir), args.tag_output)
+    return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
 
 
-def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]]) -> int:
-    extra = {}
+def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_dir: str) -> int:
+    extra = {EVENTS_DIR_ENV: events_dir}
     if args.master_addr:
         extra["MASTER_ADDR"] = args.master_addr
     if args.master_port:
@@ -169,7 +184,8 @@ def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]]) -> int:
         shlex.split(args.launcher_args),
     )
     print(f"ds-launch: running {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    return run_supervised([ChildSpec("mpirun", cmd, dict(os.environ))], args.timeout or None, args.grace)
+    job = Job(sum(len(slots) for slots in active.values()), Path(events_dir))
+    return run_supervised([ChildSpec("mpirun", cmd, dict(os.environ))], job, args.timeout or None, args.grace)
 
 
 def _join_launcher_args(argv: list[str]) -> list[str]:
@@ -196,8 +212,10 @@ def run(argv: Sequence[str] | None = None) -> int:
                     f"The local launcher runs on one host, but {len(active)} are selected ({', '.join(active)}); "
                     "use --launcher mpi"
                 )
-            return _launch_local(args, active, gpu_ids)
-        return _launch_mpi(args, active)
+            with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
+                return _launch_local(args, active, gpu_ids, events_dir)
+        with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
+            return _launch_mpi(args, active, events_dir)
     except (HostfileError, EnvFileError, MpirunNotFound) as exc:
         parser.error(str(exc))
     except (OSError, subprocess.SubprocessError) as exc:

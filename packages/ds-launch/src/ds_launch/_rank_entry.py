@@ -1,0 +1,137 @@
+"""How ``ds-launch`` starts each rank: ``python -m ds_launch._rank_entry [-m] TARGET ARGS...``.
+
+It runs TARGET exactly as ``python TARGET ARGS`` (or ``python -m TARGET ARGS``) would, with two
+additions the launcher's report depends on:
+
+* stdout and stderr are line-buffered: every line a rank writes leaves it in one ``write()``.
+  ``python -u`` (or PYTHONUNBUFFERED) would instead write ``print``'s text and its newline in two
+  calls, so that lines of ranks sharing one output (mpirun's) could be glued mid-line.
+* how the rank ends (its exit code, or the exception that ended it) is written to
+  ``$DS_LAUNCH_EVENTS_DIR/rank<RANK>.json`` before interpreter exit runs the at-exit teardown.
+  Teardown can keep a failed rank alive longer than the peers it made fail; the timestamp taken
+  here lets the launcher name the rank that failed first.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import TracebackType
+
+__all__ = ["EVENTS_DIR_ENV", "RANK_ENV_NAMES", "main", "rank_from_env"]
+
+EVENTS_DIR_ENV = "DS_LAUNCH_EVENTS_DIR"
+# ds-launch's local launcher sets RANK; under mpirun the MPI runtime says it.
+RANK_ENV_NAMES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+# Fragments of the errors gloo and NCCL raise in a rank whose peer went away: such a rank failed
+# because of another one, which the launcher should name first.
+_PEER_LOST_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
+_TRACEBACK_LINES = 12
+
+
+def rank_from_env(env: dict[str, str] | os._Environ) -> int | None:
+    """This process's global rank as its launcher announced it, or None."""
+    for name in RANK_ENV_NAMES:
+        value = env.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return None
+
+
+def _exit_code(exc: SystemExit) -> int:
+    """The status the interpreter will exit with for ``exc`` (``sys.exit("message")`` exits 1)."""
+    if exc.code is None:
+        return 0
+    return exc.code if isinstance(exc.code, int) else 1
+
+
+def _peer_lost(exc: BaseException) -> bool:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:  # the gloo error may be the cause of the user's
+        seen.add(id(exc))
+        if any(marker in str(exc).lower() for marker in _PEER_LOST_MARKERS):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return False
+
+
+def _record_end(code: int, exc: BaseException | None) -> None:
+    """Write how this rank ends; never let a problem with the record change how the rank exits."""
+    t_ns = time.monotonic_ns()  # first: this is the moment the launcher orders failures by
+    directory, rank = os.environ.get(EVENTS_DIR_ENV), rank_from_env(os.environ)
+    if not directory or rank is None:
+        return
+    record: dict[str, object] = {"rank": rank, "code": code, "t_ns": t_ns, "pid": os.getpid()}
+    if exc is not None and not isinstance(exc, SystemExit):
+        record["peer_lost"] = _peer_lost(exc)
+        trimmed = exc.with_traceback(_without_our_frames(exc.__traceback__))
+        record["traceback"] = traceback.format_exception(trimmed)[-_TRACEBACK_LINES:]
+    try:
+        path = Path(directory, f"rank{rank}.json")
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
+    except OSError:
+        pass  # e.g. a host of an mpirun job that does not share the launcher's file system
+
+
+def _without_our_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback from the user's code on: this module's and runpy's frames are noise."""
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__, "<frozen runpy>"):
+        tb = tb.tb_next
+    return tb
+
+
+def _report_uncaught(exc: BaseException) -> None:
+    """What the interpreter does for an uncaught exception: set ``sys.last_*`` (at-exit code such as
+    ``init_distributed``'s teardown reads them) and print the traceback through ``sys.excepthook``."""
+    exc = exc.with_traceback(_without_our_frames(exc.__traceback__))
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
+    if sys.version_info >= (3, 12):
+        sys.last_exc = exc
+    sys.excepthook(type(exc), exc, exc.__traceback__)
+
+
+def _line_buffered() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(line_buffering=True, write_through=False)  # type: ignore[union-attr]
+        except (AttributeError, ValueError):
+            pass  # replaced by something that is not a TextIOWrapper
+
+
+def main(argv: list[str]) -> None:
+    """Run ``argv`` = ``[-m] TARGET ARGS...`` as ``python`` would, recording how it ends."""
+    as_module = argv[:1] == ["-m"]
+    target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
+    _line_buffered()
+    try:
+        if as_module:
+            sys.argv = [target, *args]  # run_module puts the module's path in argv[0], as -m does
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [target, *args]
+            # `python script.py` puts the script's directory first on sys.path, not the working directory.
+            sys.path[0] = os.path.dirname(os.path.realpath(target))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        _record_end(_exit_code(exc), exc)
+        raise
+    except KeyboardInterrupt as exc:
+        _record_end(128 + signal.SIGINT, exc)
+        raise  # the interpreter then ends the process by SIGINT, as it does for a plain script
+    except BaseException as exc:
+        _record_end(1, exc)
+        _report_uncaught(exc)
+        raise SystemExit(1) from None
+    _record_end(0, None)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,143 @@
+"""Which rank failed first, and how to say so.
+
+A failed rank often outlives the peers it made fail: its at-exit teardown runs after it closed its
+connections, while the peers, which saw those connections close, die at once. So the order in
+which the launcher sees processes exit is not the order of failure. Each rank records how it ends
+before its teardown (``_rank_entry``); those records, with the exits the launcher saw, give the
+order. A rank whose error says a peer went away is named after any rank that failed on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["RankEnd", "ProcessExit", "describe_exit", "read_events", "rank_ends", "first_failure", "report"]
+
+
+def describe_exit(returncode: int) -> str:
+    """'exited with code 3' or 'was killed by signal SIGKILL (9)' for a Popen return code."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "unknown signal"
+        return f"was killed by signal {name} ({-returncode})"
+    return f"exited with code {returncode}"
+
+
+@dataclass(frozen=True)
+class ProcessExit:
+    """A rank process's end as the launcher saw it."""
+
+    t_ns: int  # time.monotonic_ns() when the launcher reaped it
+    returncode: int  # Popen's: negative for a signal
+
+
+@dataclass(frozen=True)
+class RankEnd:
+    """How one rank ended, merged from its own record and what the launcher saw."""
+
+    rank: int
+    failed: bool  # ended non-zero (or without a record, in a failed mpirun job) before being stopped
+    how: str  # "exited with code 3", "was killed by signal SIGKILL (9)", ...
+    t_ns: int | None = None  # when it began to end; None when unknown
+    peer_lost: bool = False  # its error says a peer went away: probably a consequence
+    code: int | None = None  # its exit status (negative: signal); None when unknown
+    traceback: Sequence[str] = field(default_factory=tuple)
+
+
+def read_events(directory: Path) -> dict[int, dict]:
+    """The records ranks wrote in ``directory`` (``rank<N>.json``), by rank."""
+    events = {}
+    for path in directory.glob("rank*.json"):
+        try:
+            record = json.loads(path.read_text())
+            events[int(record["rank"])] = record
+        except (OSError, ValueError, KeyError):
+            continue  # a record cut short by a kill says nothing reliable
+    return events
+
+
+def rank_ends(
+    world_size: int,
+    events: Mapping[int, dict],
+    exits: Mapping[int, ProcessExit],
+    stop_t_ns: int | None,
+    job_failed: bool,
+) -> list[RankEnd]:
+    """Every rank's end. ``exits`` is empty when another program (mpirun) started the ranks;
+    ``stop_t_ns`` is when the launcher began stopping ranks (None: it did not)."""
+
+    def before_stop(t_ns: int) -> bool:
+        return stop_t_ns is None or t_ns < stop_t_ns
+
+    ends = []
+    for rank in range(world_size):
+        event, seen = events.get(rank), exits.get(rank)
+        if event is not None and event["code"] != 0 and before_stop(event["t_ns"]):
+            how = describe_exit(event["code"])
+            if event.get("traceback"):
+                how = how + f" ({event['traceback'][-1].strip()})"
+            ends.append(
+                RankEnd(
+                    rank,
+                    True,
+                    how,
+                    event["t_ns"],
+                    bool(event.get("peer_lost")),
+                    event["code"],
+                    tuple(event.get("traceback", ())),
+                )
+            )
+        elif seen is not None and seen.returncode != 0:
+            how = describe_exit(seen.returncode)
+            ends.append(RankEnd(rank, before_stop(seen.t_ns), how, seen.t_ns, code=seen.returncode))
+        elif event is None and seen is None:
+            how = "ended without a record of how (a signal, or os._exit; the MPI runtime's message says more)"
+            ends.append(RankEnd(rank, job_failed, how if job_failed else "ended"))
+        else:
+            ends.append(RankEnd(rank, False, describe_exit(0), code=0))
+    return ends
+
+
+def first_failure(ends: Sequence[RankEnd]) -> RankEnd | None:
+    """The rank that failed on its own earliest; ranks that only lost a peer come last."""
+    failed = [e for e in ends if e.failed]
+    if not failed:
+        return None
+    return min(failed, key=lambda e: (e.peer_lost, e.t_ns is None, e.t_ns or 0, e.rank))
+
+
+def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str]]) -> list[str]:
+    """Lines for the user: the first failure with its last stderr lines, then what followed."""
+    first = first_failure(ends)
+    if first is None:
+        return []
+    lines = [f"rank {first.rank} {first.how}: the first rank to fail."]
+    tail = tail_of(first.rank) or [ln.rstrip("\n") for ln in first.traceback]
+    if tail:
+        lines.append(f"The last lines rank {first.rank} wrote to stderr:")
+        lines += [f"  | {ln}" for chunk in tail for ln in chunk.splitlines()]
+    else:
+        lines.append(f"rank {first.rank} wrote nothing to stderr.")
+    others = [e for e in ends if e.failed and e is not first]
+    if others:
+        others.sort(key=lambda e: (e.t_ns is None, e.t_ns or 0, e.rank))
+        lines.append("Then: " + "; ".join(f"rank {e.rank} {_short(e)}" for e in others) + ".")
+    stopped = [e for e in ends if not e.failed and e.code != 0 and e.code is not None]
+    if stopped:
+        lines.append(
+            "Stopped by ds-launch because of it: "
+            + ", ".join(f"rank {e.rank} ({e.how})" for e in stopped)
+            + "."
+        )
+    return lines
+
+
+def _short(end: RankEnd) -> str:
+    how = end.how.split(" (", 1)[0] if end.traceback else end.how
+    return how + (", after losing a peer" if end.peer_lost else "")
