@@ -1,6 +1,7 @@
 """Forward each child's stdout and stderr to the launcher's, a whole line at a time.
 
-Every child writes into its own pipe; one thread reads them all and writes complete lines, so a
+Every child writes into its own pipe (a pseudo-terminal where the launcher's output is a
+terminal); one thread reads them all and writes complete lines, so a
 line of one rank is never split by another rank's. Progress bars (``\\r`` frames without a
 newline) and prompts are forwarded after ``IDLE_FLUSH_S`` without more data; if another child's
 line comes while such a partial line is on screen, it starts on a new line instead of gluing on.
@@ -10,9 +11,12 @@ The last stderr lines of each child are kept for the failure report.
 from __future__ import annotations
 
 import collections
+import contextlib
+import fcntl
 import os
 import selectors
 import sys
+import termios
 import threading
 import time
 from dataclasses import dataclass, field
@@ -55,12 +59,13 @@ class OutputForwarder:
         self._thread = threading.Thread(target=self._run, name="ds-launch-output", daemon=True)
         self._launcher = _Stream("ds-launch", self._stderr_fd, b"", None)
 
-    def pipes_for(self, name: str) -> tuple[int, int]:
-        """A new (stdout, stderr) pair of write ends for child ``name``; close them after starting it."""
+    def pipes_for(self, name: str, tail_lines: int = TAIL_LINES) -> tuple[int, int]:
+        """A new (stdout, stderr) pair of write ends for child ``name``, keeping its last
+        ``tail_lines`` stderr lines; close them after starting the child."""
         ends = []
         for dest_fd, keep_tail in ((self._stdout_fd, False), (self._stderr_fd, True)):
-            read_fd, write_fd = os.pipe()
-            tail = collections.deque(maxlen=TAIL_LINES) if keep_tail else None
+            read_fd, write_fd = _channel_to(dest_fd)
+            tail = collections.deque(maxlen=tail_lines) if keep_tail else None
             prefix = f"[{name}] ".encode() if self._tag else b""
             stream = _Stream(name, dest_fd, prefix, tail)
             self._streams[read_fd] = stream
@@ -74,13 +79,13 @@ class OutputForwarder:
         self._thread.start()
 
     def tail(self, name: str) -> list[str]:
-        """The last ``TAIL_LINES`` lines child ``name`` wrote to stderr (its unfinished line last)."""
+        """The last lines child ``name`` wrote to stderr (its unfinished line last)."""
         with self._lock:
             stream = self._stderr_of.get(name)
             if stream is None or stream.tail is None:
                 return []
             partial = [stream.partial] if stream.partial.strip() else []
-            return [*stream.tail, *partial][-TAIL_LINES:]
+            return [*stream.tail, *partial][-(stream.tail.maxlen or 0) :]
 
     def log(self, message: str) -> None:
         """One line of the launcher's own on stderr, never glued to a child's partial line."""
@@ -102,7 +107,10 @@ class OutputForwarder:
     def _run(self) -> None:
         while self._streams and not self._stop.is_set():
             for key, _ in self._selector.select(timeout=0.1):
-                data = os.read(key.fd, _READ_BYTES)
+                try:
+                    data = os.read(key.fd, _READ_BYTES)
+                except OSError:  # EIO: a pseudo-terminal's last writer is gone (a pipe gives b"")
+                    data = b""
                 if data:
                     self._feed(key.data, data)
                 else:
@@ -179,6 +187,21 @@ class OutputForwarder:
                 view = view[os.write(fd, view) :]
         except OSError:
             self._broken.add(fd)  # e.g. `ds-launch ... | head`: keep running, stop writing there
+
+
+def _channel_to(dest_fd: int) -> tuple[int, int]:
+    """(read end, write end) for a child's output that goes to ``dest_fd``: a pseudo-terminal when
+    that is a terminal, so ranks see one as under torchrun (Python line-buffers, bars and colours
+    stay on), else a pipe (as with output redirected to a file)."""
+    if not os.isatty(dest_fd):
+        return os.pipe()
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[1] &= ~termios.OPOST  # pass bytes unchanged: the real terminal turns \n into \r\n itself
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    with contextlib.suppress(OSError):  # the same width, for bars that fit themselves to it
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, fcntl.ioctl(dest_fd, termios.TIOCGWINSZ, b"\0" * 8))
+    return master, slave
 
 
 def _segment_end(buf: bytearray) -> int | None:

@@ -10,12 +10,22 @@ order. A rank whose error says a peer went away is named after any rank that fai
 from __future__ import annotations
 
 import json
+import re
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RankEnd", "ProcessExit", "describe_exit", "read_events", "rank_ends", "first_failure", "report"]
+__all__ = [
+    "RankEnd",
+    "ProcessExit",
+    "describe_exit",
+    "read_events",
+    "mpi_runtime_signals",
+    "rank_ends",
+    "first_failure",
+    "report",
+]
 
 
 def describe_exit(returncode: int) -> str:
@@ -62,15 +72,30 @@ def read_events(directory: Path) -> dict[int, dict]:
     return events
 
 
+# Open MPI's (mpirun/prterun) message for the first rank it saw die of a signal.
+_MPI_SIGNAL_MESSAGE = re.compile(
+    r"noticed that process rank (\d+) with PID \d+ on node \S+ exited on\s+signal (\d+)"
+)
+
+
+def mpi_runtime_signals(lines: Sequence[str]) -> dict[int, int]:
+    """``{rank: -signal}`` for the ranks mpirun's own messages say were killed by a signal."""
+    found = _MPI_SIGNAL_MESSAGE.finditer(" ".join(lines))
+    return {int(m.group(1)): -int(m.group(2)) for m in found}
+
+
 def rank_ends(
     world_size: int,
     events: Mapping[int, dict],
     exits: Mapping[int, ProcessExit],
     stop_t_ns: int | None,
     job_failed: bool,
+    runtime_said: Mapping[int, int] | None = None,
 ) -> list[RankEnd]:
-    """Every rank's end. ``exits`` is empty when another program (mpirun) started the ranks;
+    """Every rank's end. ``exits`` is empty when another program (mpirun) started the ranks; what
+    that program said (``runtime_said``: rank -> return code) fills in for ranks without a record.
     ``stop_t_ns`` is when the launcher began stopping ranks (None: it did not)."""
+    runtime_said = runtime_said or {}
 
     def before_stop(t_ns: int) -> bool:
         return stop_t_ns is None or t_ns < stop_t_ns
@@ -96,6 +121,8 @@ def rank_ends(
         elif seen is not None and seen.returncode != 0:
             how = describe_exit(seen.returncode)
             ends.append(RankEnd(rank, before_stop(seen.t_ns), how, seen.t_ns, code=seen.returncode))
+        elif event is None and seen is None and rank in runtime_said:
+            ends.append(RankEnd(rank, True, describe_exit(runtime_said[rank]), code=runtime_said[rank]))
         elif event is None and seen is None:
             how = "ended without a record of how (a signal, or os._exit; the MPI runtime's message says more)"
             ends.append(RankEnd(rank, job_failed, how if job_failed else "ended"))
@@ -109,21 +136,27 @@ def first_failure(ends: Sequence[RankEnd]) -> RankEnd | None:
     failed = [e for e in ends if e.failed]
     if not failed:
         return None
-    return min(failed, key=lambda e: (e.peer_lost, e.t_ns is None, e.t_ns or 0, e.rank))
+    return min(failed, key=lambda e: (e.peer_lost, e.t_ns is None, e.code is None, e.t_ns or 0, e.rank))
 
 
-def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str]]) -> list[str]:
-    """Lines for the user: the first failure with its last stderr lines, then what followed."""
+def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) -> list[str]:
+    """Lines for the user: the first failure with its last stderr lines, then what followed.
+
+    ``tail_of(rank)`` gives a rank's last stderr lines, or None where the launcher cannot tell
+    ranks' stderr apart (under mpirun); the traceback the rank recorded stands in then."""
     first = first_failure(ends)
     if first is None:
         return []
     lines = [f"rank {first.rank} {first.how}: the first rank to fail."]
-    tail = tail_of(first.rank) or [ln.rstrip("\n") for ln in first.traceback]
+    tail = tail_of(first.rank)
     if tail:
         lines.append(f"The last lines rank {first.rank} wrote to stderr:")
-        lines += [f"  | {ln}" for chunk in tail for ln in chunk.splitlines()]
-    else:
+    elif first.traceback:
+        tail = list(first.traceback)
+        lines.append(f"The end of the traceback rank {first.rank} recorded:")
+    elif tail is not None:
         lines.append(f"rank {first.rank} wrote nothing to stderr.")
+    lines += [f"  | {ln}" for chunk in tail or () for ln in chunk.splitlines()]
     others = [e for e in ends if e.failed and e is not first]
     if others:
         others.sort(key=lambda e: (e.t_ns is None, e.t_ns or 0, e.rank))

@@ -20,8 +20,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._output import OutputForwarder
-from ._report import ProcessExit, describe_exit, first_failure, rank_ends, read_events, report
+from ._output import TAIL_LINES, OutputForwarder
+from ._report import (
+    ProcessExit,
+    describe_exit,
+    first_failure,
+    mpi_runtime_signals,
+    rank_ends,
+    read_events,
+    report,
+)
 
 __all__ = ["ChildSpec", "Job", "run_supervised", "describe_exit", "POLL_INTERVAL_S"]
 
@@ -126,7 +134,8 @@ def run_supervised(
     with _Signals() as signals:
         try:
             for spec in specs:
-                out_w, err_w = output.pipes_for(spec.name)
+                # mpirun's stderr carries every rank's, and its own message about them comes late.
+                out_w, err_w = output.pipes_for(spec.name, TAIL_LINES if spec.rank is not None else 1000)
                 try:
                     proc = subprocess.Popen(
                         spec.argv,
@@ -197,10 +206,8 @@ class _Watch:
                         if spec.rank is not None
                         else f"{spec.name} {describe_exit(ended.returncode)}"
                     )
-                    self.output.log(
-                        f"{who}; stopping the other {running} running process(es); "
-                        "the report follows once all have ended"
-                    )
+                    stopping = f"; stopping the other {running} running process(es)" if running else ""
+                    self.output.log(f"{who}{stopping}; the report follows once all have ended")
                     self._stop(signal.SIGTERM, grace_s)
                     return _exit_code(ended.returncode)
                 if len(self.seen) == len(self.procs):
@@ -218,9 +225,14 @@ def _report_failure(specs, job: Job, watch: _Watch, output: OutputForwarder, fal
     exits = {
         spec.rank: watch.seen[i] for i, spec in enumerate(specs) if spec.rank is not None and i in watch.seen
     }
-    ends = rank_ends(job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, job_failed=True)
+    said = {}
+    for spec in specs:
+        if spec.rank is None:
+            said.update(mpi_runtime_signals(output.tail(spec.name)))
+    ends = rank_ends(job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, True, said)
     names = {spec.rank: spec.name for spec in specs if spec.rank is not None}
-    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else []):
+    # Under mpirun the ranks' stderr reaches the launcher merged: no tail per rank (None).
+    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None):
         _print_log(line)
     first = first_failure(ends)
     return fallback_code if first is None or first.code is None else _exit_code(first.code)
