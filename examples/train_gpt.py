@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import logging
 import os
 import sys
 import time
@@ -30,7 +29,6 @@ import torch
 import torch.distributed as dist
 from ds_config import load_config
 from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpt.py and data.py sit next to this script
 from data import Corpus, WindowSampler, eval_windows, load_corpus, nats_to_bits, unigram_entropy_nats  # noqa: E402
@@ -329,26 +327,26 @@ class Trainer:
             dynamic_ncols=True,
             mininterval=0.5 if sys.stderr.isatty() else 15.0,
         )
-        with logging_redirect_tqdm(loggers=[logging.getLogger("ds_engine")]):
-            while self.engine.global_steps < args.steps:
-                t0, c0 = time.perf_counter(), time.process_time()
-                loss = self.train_step()
-                train_s += time.perf_counter() - t0
-                train_cpu_s += time.process_time() - c0
-                step = self.engine.global_steps
-                first_loss = loss if first_loss is None else first_loss
-                self.history.train.append([step, loss])
-                tok_s = (step - start_step) * self.tokens_per_step / train_s
-                bar.set_postfix(
-                    loss=f"{loss:.3f}",
-                    tok_s=f"{tok_s:,.0f}",
-                    scale=f"{self.engine.loss_scale:g}",
-                    refresh=False,
-                )
-                bar.update(1)
-                self.maybe_evaluate(step)
-                if step % args.save_every == 0 or step == args.steps:
-                    self.last_ckpt = save(self.engine, self.ckpt_dir, self.sampler, self.history)
+        # ds_engine logs through tqdm.write (its AboveProgressBars handler): its lines go above the bar.
+        while self.engine.global_steps < args.steps:
+            t0, c0 = time.perf_counter(), time.process_time()
+            loss = self.train_step()
+            train_s += time.perf_counter() - t0
+            train_cpu_s += time.process_time() - c0
+            step = self.engine.global_steps
+            first_loss = loss if first_loss is None else first_loss
+            self.history.train.append([step, loss])
+            tok_s = (step - start_step) * self.tokens_per_step / train_s
+            bar.set_postfix(
+                loss=f"{loss:.3f}",
+                tok_s=f"{tok_s:,.0f}",
+                scale=f"{self.engine.loss_scale:g}",
+                refresh=False,
+            )
+            bar.update(1)
+            self.maybe_evaluate(step)
+            if step % args.save_every == 0 or step == args.steps:
+                self.last_ckpt = save(self.engine, self.ckpt_dir, self.sampler, self.history)
         bar.close()
         if not self.history.val or self.history.val[-1][0] != self.engine.global_steps:
             self.maybe_evaluate(self.engine.global_steps, force=True)

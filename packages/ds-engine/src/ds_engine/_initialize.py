@@ -15,6 +15,7 @@ from ds_engine._args import InitializeError, check_local_rank, resolve_config_so
 from ds_engine._assemble import assemble
 from ds_engine._data import build_dataloader
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._log_handler import AboveProgressBars
 
 logger = logging.getLogger("ds_engine")
 
@@ -108,7 +109,7 @@ def _setup_logging() -> None:
     """Log to stderr at INFO unless the application configured the ``ds_engine`` logger itself."""
     if logger.handlers or logging.getLogger().handlers:
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = AboveProgressBars(sys.stderr)
     handler.setFormatter(logging.Formatter("[ds %(asctime)s] %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
