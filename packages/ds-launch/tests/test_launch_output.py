@@ -5,18 +5,22 @@ Real processes throughout: ds-launch's local launcher and its mpi launcher (Open
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
 import shlex
+import struct
+import subprocess
 import sys
+import termios
 import threading
 import time
 from collections import Counter
 
 import pytest
 from ds_launch._output import IDLE_FLUSH_S, OutputForwarder
-from launch_procs import SCRIPTS, mpi_env, run_cli
+from launch_procs import DS_LAUNCH, SCRIPTS, mpi_env, run_cli
 
 LINES_PER_RANK = 2000
 MPI_ARGS = ["--launcher", "mpi", "--launcher_args", "--oversubscribe"]
@@ -207,3 +211,30 @@ def test_mpi_command_line_runs_ranks_through_the_line_buffered_entry():
     args = build_parser().parse_args(["--module", "pkg.train", "x"])
     assert program_argv(args) == [sys.executable, "-m", "ds_launch._rank_entry", "-m", "pkg.train"]
     assert "-u" not in shlex.join(program_argv(args)).split()
+
+
+def test_ranks_see_a_terminal_when_the_launchers_output_is_one(tmp_path):
+    script = tmp_path / "tty.py"
+    script.write_text(
+        "import os, sys\nprint(sys.stdout.isatty(), sys.stderr.isatty(), os.get_terminal_size().columns)\n"
+    )
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 123, 0, 0))
+    proc = subprocess.Popen(
+        [*DS_LAUNCH, "--num_procs", "1", "--no_local_rank", str(script)],
+        stdout=slave,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(slave)
+    data = b""
+    while True:
+        try:
+            chunk = os.read(master, 4096)
+        except OSError:  # EIO once the last writer is gone
+            break
+        if not chunk:
+            break
+        data += chunk
+    os.close(master)
+    assert proc.wait(timeout=60) == 0
+    assert data.decode().split() == ["True", "False", "123"]  # stderr stayed a pipe here: a pipe there
