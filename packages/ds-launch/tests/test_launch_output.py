@@ -9,7 +9,6 @@ import fcntl
 import json
 import os
 import re
-import shlex
 import struct
 import subprocess
 import sys
@@ -80,13 +79,18 @@ def test_ranks_write_line_buffered_even_with_pythonunbuffered(tmp_path):
     assert json.loads(res.stdout) == [True, True]
 
 
-def test_tag_output_prefixes_every_line_with_its_rank():
-    res = run_cli(["--num_procs", "2", "--tag_output", str(SCRIPTS / "chatty_rank.py"), "50"])
+@pytest.mark.parametrize("launcher", _launchers())
+def test_tag_output_prefixes_every_line_with_its_rank(launcher):
+    args = [*launcher, "--num_procs", "2", "--tag_output", str(SCRIPTS / "chatty_rank.py"), "50"]
+    res = run_cli(args, timeout_s=120, env=_env())
     assert res.returncode == 0, res.stderr
-    for line in res.stdout.splitlines():
-        tag, _, text = line.partition("] ")
-        assert tag == f"[rank {json.loads(text)['rank']}"
-    assert len(res.stdout.splitlines()) == 100
+    # ds-launch's own tag, or mpirun's --tag-output ("[jobid,rank]<stdout>: ")
+    tag = re.compile(r"\[rank (\d+)\] (.*)" if not launcher else r"\[\d+,(\d+)\]<stdout>: ?(.*)")
+    lines = res.stdout.splitlines()
+    for line in lines:
+        rank, text = tag.fullmatch(line).groups()
+        assert json.loads(text)["rank"] == int(rank)
+    assert len(lines) == 100
 
 
 def test_script_runs_as_under_plain_python(tmp_path):
@@ -209,8 +213,8 @@ def test_mpi_command_line_runs_ranks_through_the_line_buffered_entry():
     from ds_launch.cli import build_parser, program_argv
 
     args = build_parser().parse_args(["--module", "pkg.train", "x"])
-    assert program_argv(args) == [sys.executable, "-m", "ds_launch._rank_entry", "-m", "pkg.train"]
-    assert "-u" not in shlex.join(program_argv(args)).split()
+    python, entry, *rest = program_argv(args)
+    assert (python, entry.rsplit("/", 1)[1], rest) == (sys.executable, "_rank_entry.py", ["-m", "pkg.train"])
 
 
 def test_ranks_see_a_terminal_when_the_launchers_output_is_one(tmp_path):
@@ -238,3 +242,21 @@ def test_ranks_see_a_terminal_when_the_launchers_output_is_one(tmp_path):
     os.close(master)
     assert proc.wait(timeout=60) == 0
     assert data.decode().split() == ["True", "False", "123"]  # stderr stayed a pipe here: a pipe there
+
+
+def test_module_mode_runs_as_python_dash_m(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text(
+        "import json, sys\nprint(json.dumps({'name': __name__, 'argv': sys.argv[1:], 'path0': sys.path[0]}))\n"
+    )
+    res = subprocess.run(
+        [*DS_LAUNCH, "--num_procs", "1", "--no_local_rank", "--module", "pkg.train", "x"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == {"name": "__main__", "argv": ["x"], "path0": str(tmp_path)}

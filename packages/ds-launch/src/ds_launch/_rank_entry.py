@@ -1,4 +1,7 @@
-"""How ``ds-launch`` starts each rank: ``python -m ds_launch._rank_entry [-m] TARGET ARGS...``.
+"""How ``ds-launch`` starts each rank: ``python .../ds_launch/_rank_entry.py [-m] TARGET ARGS...``.
+
+It is run by path, not with ``-m``: importing the ``ds_launch`` package first would cost every rank
+a few tenths of a second. So it imports nothing but the standard library.
 
 It runs TARGET exactly as ``python TARGET ARGS`` (or ``python -m TARGET ARGS``) would, with two
 additions the launcher's report depends on:
@@ -14,14 +17,10 @@ additions the launcher's report depends on:
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
-import signal
 import sys
 import time
-import traceback
-from pathlib import Path
 from types import TracebackType
 
 __all__ = ["EVENTS_DIR_ENV", "RANK_ENV_NAMES", "main", "rank_from_env"]
@@ -33,6 +32,7 @@ RANK_ENV_NAMES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 # because of another one, which the launcher should name first.
 _PEER_LOST_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")
 _TRACEBACK_LINES = 12
+_SIGINT = 2  # (the signal module would be one more import at every rank's start)
 
 
 def rank_from_env(env: dict[str, str] | os._Environ) -> int | None:
@@ -64,6 +64,9 @@ def _peer_lost(exc: BaseException) -> bool:
 def _record_end(code: int, exc: BaseException | None) -> None:
     """Write how this rank ends; never let a problem with the record change how the rank exits."""
     t_ns = time.monotonic_ns()  # first: this is the moment the launcher orders failures by
+    import json  # only now: the script's start must not pay for what only its end needs
+    import traceback
+
     directory, rank = os.environ.get(EVENTS_DIR_ENV), rank_from_env(os.environ)
     if not directory or rank is None:
         return
@@ -73,10 +76,10 @@ def _record_end(code: int, exc: BaseException | None) -> None:
         trimmed = exc.with_traceback(_without_our_frames(exc.__traceback__))
         record["traceback"] = traceback.format_exception(trimmed)[-_TRACEBACK_LINES:]
     try:
-        path = Path(directory, f"rank{rank}.json")
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        tmp.replace(path)
+        path = os.path.join(directory, f"rank{rank}.json")
+        with open(path + ".tmp", "w") as tmp:
+            json.dump(record, tmp)
+        os.replace(path + ".tmp", path)  # the launcher never reads half a record
     except OSError:
         pass  # e.g. a host of an mpirun job that does not share the launcher's file system
 
@@ -114,6 +117,7 @@ def main(argv: list[str]) -> None:
     try:
         if as_module:
             sys.argv = [target, *args]  # run_module puts the module's path in argv[0], as -m does
+            sys.path[0] = os.getcwd()  # `python -m` puts the working directory first
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             sys.argv = [target, *args]
@@ -124,7 +128,7 @@ def main(argv: list[str]) -> None:
         _record_end(_exit_code(exc), exc)
         raise
     except KeyboardInterrupt as exc:
-        _record_end(128 + signal.SIGINT, exc)
+        _record_end(128 + _SIGINT, exc)
         raise  # the interpreter then ends the process by SIGINT, as it does for a plain script
     except BaseException as exc:
         _record_end(1, exc)

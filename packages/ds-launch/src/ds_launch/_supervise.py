@@ -170,7 +170,13 @@ def _reap(index: int, proc: subprocess.Popen, exits: queue.Queue) -> None:
 class _Watch:
     """The launcher's loop: exits, forwarded signals and the timeout; records when it stopped the job."""
 
-    def __init__(self, specs, procs, exits: queue.Queue, output: OutputForwarder) -> None:
+    def __init__(
+        self,
+        specs: Sequence[ChildSpec],
+        procs: list[subprocess.Popen],
+        exits: queue.Queue[tuple[int, ProcessExit]],
+        output: OutputForwarder,
+    ) -> None:
         self.specs, self.procs, self.exits, self.output = specs, procs, exits, output
         self.seen: dict[int, ProcessExit] = {}  # by index into specs
         self.stop_t_ns: int | None = None
@@ -220,7 +226,9 @@ class _Watch:
                 return EXIT_TIMEOUT
 
 
-def _report_failure(specs, job: Job, watch: _Watch, output: OutputForwarder, fallback_code: int) -> int:
+def _report_failure(
+    specs: Sequence[ChildSpec], job: Job, watch: _Watch, output: OutputForwarder, fallback_code: int
+) -> int:
     """Print which rank failed first and what followed; return that rank's exit code."""
     exits = {
         spec.rank: watch.seen[i] for i, spec in enumerate(specs) if spec.rank is not None and i in watch.seen

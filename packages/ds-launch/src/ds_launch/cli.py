@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tag_output",
         action="store_true",
-        help="prefix each line a rank writes with '[rank N] ' (local launcher; mpirun has --tag-output)",
+        help="prefix each line a rank writes with '[rank N] ' (mpi launcher: mpirun's --tag-output)",
     )
     p.add_argument("user_script", help="the training script (or module with --module)")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments for the script")
@@ -97,7 +97,8 @@ def _resources(args: argparse.Namespace, gpu_ids: list[str]) -> tuple[dict[str, 
 def program_argv(args: argparse.Namespace) -> list[str]:
     """How each rank starts the user's code: as ``python script`` (or ``python -m module``) would,
     through ``_rank_entry``, which line-buffers its output and records how it ends."""
-    return [sys.executable, "-m", "ds_launch._rank_entry", *(["-m"] if args.module else []), args.user_script]
+    entry = str(Path(__file__).with_name("_rank_entry.py"))
+    return [sys.executable, entry, *(["-m"] if args.module else []), args.user_script]
 
 
 def _free_port() -> int:
@@ -181,7 +182,7 @@ def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_d
         active,
         [*program_argv(args), *args.user_args],
         exports,
-        shlex.split(args.launcher_args),
+        [*shlex.split(args.launcher_args), *(["--tag-output"] if args.tag_output else [])],
     )
     print(f"ds-launch: running {shlex.join(cmd)}", file=sys.stderr, flush=True)
     job = Job(sum(len(slots) for slots in active.values()), Path(events_dir))
