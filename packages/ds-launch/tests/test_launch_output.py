@@ -96,7 +96,9 @@ def test_tag_output_prefixes_every_line_with_its_rank(launcher):
 def test_script_runs_as_under_plain_python(tmp_path):
     script = tmp_path / "where.py"
     script.write_text(
-        "import json, sys\n"
+        "import json, pickle, sys\n"
+        "class Point:\n    pass\n"
+        "pickle.loads(pickle.dumps(Point()))  # classes of __main__ pickle (spawned workers, torch.save)\n"
         "print(json.dumps({'name': __name__, 'argv': sys.argv, 'path0': sys.path[0], 'file': __file__}))\n"
     )
     res = run_cli(["--num_procs", "1", "--no_local_rank", str(script), "a b"])
