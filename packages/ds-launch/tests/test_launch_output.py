@@ -189,6 +189,12 @@ def test_a_partial_line_is_shown_after_a_pause_and_never_glued_to_another_line()
     assert fwd.tail("b") == ["log line"]
 
 
+def test_lines_read_together_are_each_tagged():
+    out, fwd = _forward([("a", b"one\ntwo\nthr", 0.05), ("a", b"ee\n", 0)], tag=True)
+    assert out == b"[a] one\n[a] two\n[a] three\n"
+    assert fwd.tail("a") == ["one", "two", "three"]
+
+
 def test_the_launchers_own_lines_start_on_a_line_of_their_own():
     out_r, out_w = os.pipe()
     fwd = OutputForwarder(stdout_fd=out_w, stderr_fd=out_w)

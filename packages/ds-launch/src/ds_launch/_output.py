@@ -54,6 +54,7 @@ class OutputForwarder:
         # Per output file (stdout and stderr are often the same terminal): the stream whose partial
         # line the cursor sits after, if any.
         self._midline: dict[tuple[int, int], _Stream | None] = {}
+        self._file_keys = {fd: _file_key(fd) for fd in (self._stdout_fd, self._stderr_fd)}
         self._broken: set[int] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ds-launch-output", daemon=True)
@@ -124,7 +125,15 @@ class OutputForwarder:
         if not stream.pending:
             stream.pending_since = time.monotonic()
         stream.pending += data
-        while (end := _segment_end(stream.pending)) is not None:
+        while True:
+            # Whole lines with no \r among them go out in one write: fewer writes, still whole lines.
+            last_newline = stream.pending.rfind(b"\n")
+            if last_newline != -1 and stream.pending.find(b"\r", 0, last_newline) == -1:
+                end: int | None = last_newline + 1
+            else:
+                end = _segment_end(stream.pending)
+            if end is None:
+                return
             self._take(stream, end)
 
     def _take(self, stream: _Stream, end: int) -> None:
@@ -150,14 +159,17 @@ class OutputForwarder:
     def _emit(self, stream: _Stream, segment: bytes) -> None:
         if stream.tail is not None:
             self._remember(stream, segment)
-        out_key = self._file_key(stream.dest_fd)
+        out_key = self._file_keys[stream.dest_fd]
         owner = self._midline.get(out_key)
         if owner is not None and owner is not stream:
             self._write(stream.dest_fd, b"\n")  # the other child's partial line stays as it was
             owner.at_line_start = True
         stripped = segment.lstrip(b"\r")
-        if stream.prefix and stripped and (stream.at_line_start or len(stripped) < len(segment)):
-            segment = segment[: len(segment) - len(stripped)] + stream.prefix + stripped
+        if stream.prefix and stripped:
+            # every line of the segment after its first, and the first if it starts a line
+            body = stripped[:-1].replace(b"\n", b"\n" + stream.prefix) + stripped[-1:]
+            fresh = stream.at_line_start or len(stripped) < len(segment)
+            segment = segment[: len(segment) - len(stripped)] + (stream.prefix if fresh else b"") + body
         self._write(stream.dest_fd, segment)
         stream.at_line_start = segment.endswith(b"\n")
         self._midline[out_key] = None if stream.at_line_start else stream
@@ -171,13 +183,6 @@ class OutputForwarder:
         *lines, stream.partial = stream.partial.split("\n")
         stream.tail.extend(line.rstrip("\r") for line in lines if line.strip())
 
-    def _file_key(self, fd: int) -> tuple[int, int]:
-        try:
-            st = os.fstat(fd)
-            return st.st_dev, st.st_ino
-        except OSError:
-            return -1, fd
-
     def _write(self, fd: int, data: bytes) -> None:
         if fd in self._broken:
             return
@@ -187,6 +192,15 @@ class OutputForwarder:
                 view = view[os.write(fd, view) :]
         except OSError:
             self._broken.add(fd)  # e.g. `ds-launch ... | head`: keep running, stop writing there
+
+
+def _file_key(fd: int) -> tuple[int, int]:
+    """Which file ``fd`` writes to: stdout and stderr are often the same terminal."""
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    except OSError:
+        return -1, fd
 
 
 def _channel_to(dest_fd: int) -> tuple[int, int]:
