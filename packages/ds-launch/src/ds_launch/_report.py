@@ -106,7 +106,7 @@ def rank_ends(
         if event is not None and event["code"] != 0 and before_stop(event["t_ns"]):
             how = describe_exit(event["code"])
             if event.get("traceback"):
-                how = how + f" ({event['traceback'][-1].strip()})"
+                how = how + f" ({_shorten(event['traceback'][-1].strip())})"
             ends.append(
                 RankEnd(
                     rank,
@@ -169,6 +169,10 @@ def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) 
             + "."
         )
     return lines
+
+
+def _shorten(text: str, limit: int = 160) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _short(end: RankEnd) -> str:

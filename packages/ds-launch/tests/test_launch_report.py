@@ -1,0 +1,40 @@
+"""Which rank the report names first, from rank records and the exits the launcher saw."""
+
+from __future__ import annotations
+
+from ds_launch._report import ProcessExit, first_failure, mpi_runtime_signals, rank_ends, report
+
+STOP = 1_000
+
+
+def test_a_record_taken_before_teardown_beats_an_earlier_exit():
+    # rank 2 recorded code 3 at t=100 and was still in teardown when rank 1, which lost it, exited at t=150
+    events = {2: {"rank": 2, "code": 3, "t_ns": 100}}
+    exits = {0: ProcessExit(1_200, -15), 1: ProcessExit(150, 1), 2: ProcessExit(1_100, -15)}
+    ends = rank_ends(3, events, exits, STOP, job_failed=True)
+    first = first_failure(ends)
+    assert (first.rank, first.how, first.code) == (2, "exited with code 3", 3)
+    lines = report(ends, lambda rank: [f"rank {rank} says bye"])
+    assert lines[0] == "rank 2 exited with code 3: the first rank to fail."
+    assert lines[2] == "  | rank 2 says bye"
+    assert lines[3] == "Then: rank 1 exited with code 1."
+    assert lines[4] == "Stopped by ds-launch because of it: rank 0 (was killed by signal SIGTERM (15))."
+
+
+def test_a_rank_that_lost_a_peer_is_named_after_one_that_failed_on_its_own():
+    events = {1: {"rank": 1, "code": 1, "t_ns": 90, "peer_lost": True, "traceback": ["RuntimeError: closed"]}}
+    exits = {0: ProcessExit(STOP + 5, -15), 1: ProcessExit(95, 1), 2: ProcessExit(120, -9)}
+    first = first_failure(rank_ends(3, events, exits, STOP, job_failed=True))
+    assert (first.rank, first.how) == (2, "was killed by signal SIGKILL (9)")
+
+
+def test_under_mpirun_its_signal_message_names_a_rank_without_a_record():
+    said = mpi_runtime_signals(
+        ["prterun noticed that process rank 2 with PID 12275 on node vm exited on", "signal 9 (Killed)."]
+    )
+    assert said == {2: -9}
+    events = {r: {"rank": r, "code": 1, "t_ns": 50 + r, "peer_lost": True} for r in (1, 3)}
+    ends = rank_ends(4, events, {}, None, job_failed=True, runtime_said=said)
+    first = first_failure(ends)
+    assert (first.rank, first.code) == (2, -9)
+    assert ends[0].how.startswith("ended without a record")  # rank 0: stopped by mpirun, probably
