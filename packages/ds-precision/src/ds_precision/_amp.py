@@ -31,6 +31,7 @@ logger = logging.getLogger("ds_precision")
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
 # apex.amp.initialize keywords with no effect on the autocast path (autocast already does their job)
 _IGNORED_WITHOUT_APEX = ("patch_torch_functions", "verbosity", "cast_model_outputs")
+_APEX_DEFAULTS = {"verbosity": 1}  # the section always carries it; only another value is worth a warning
 _KNOWN_KEYS = (
     "enabled",
     "opt_level",
@@ -131,9 +132,9 @@ def _autocast_initialize(
         raise ValueError(f"amp.opt_level must be one of {list(OPT_LEVELS)}, got {level!r}")
     if int(options.get("num_losses", 1)) != 1:
         raise ValueError("amp.num_losses > 1 needs NVIDIA apex (pip install apex); without apex use one loss")
-    ignored = [k for k in _IGNORED_WITHOUT_APEX if k in options]
+    ignored = [k for k in _IGNORED_WITHOUT_APEX if k in options and options[k] != _APEX_DEFAULTS.get(k)]
     if ignored:
-        logger.info("amp without apex: %s have no effect (torch.autocast chooses op precision)", ignored)
+        logger.warning("amp without apex: %s have no effect (torch.autocast chooses op precision)", ignored)
     half = _dtype(options.get("cast_model_type") or "float16")
     if half == torch.float32:
         level = "O0"
