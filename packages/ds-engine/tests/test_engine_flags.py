@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ds_checkpoint
 import ds_engine
+import ds_optim
+import ds_precision
+import ds_zero
 import pytest
 import torch
 import torch.distributed as dist
@@ -60,7 +63,11 @@ def test_gradient_clipping_bounds_the_applied_update():
     clip = 1e-3
     engine, *_ = ds_engine.initialize(
         model=_net(),
-        config={"train_batch_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 1.0}}, "gradient_clipping": clip},
+        config={
+            "train_batch_size": 2,
+            "optimizer": {"type": "SGD", "params": {"lr": 1.0}},
+            "gradient_clipping": clip,
+        },
     )
     before = [p.detach().clone() for p in engine.module.parameters()]
     _train(engine, 1)
@@ -91,3 +98,73 @@ def test_tag_validation_mode_reaches_the_save(tmp_path, monkeypatch, mode, diges
     monkeypatch.setattr(ds_checkpoint._save.dist, "all_reduce", counting)
     engine.save_checkpoint(tmp_path, tag="t")
     assert seen.count((torch.int64, 20)) == digest_reductions
+
+
+def _config(**extra) -> dict:
+    return {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}}, **extra}
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_zero_stage_chooses_the_wrapper(stage):
+    engine, *_ = ds_engine.initialize(model=_net(), config=_config(zero_optimization={"stage": stage}))
+    expected = ds_precision.MixedPrecisionOptimizer if stage == 0 else ds_zero.ZeroOptimizer
+    assert type(engine.optimizer) is expected
+    if stage:
+        assert engine.optimizer.stage == stage
+
+
+@pytest.mark.parametrize("device, optimizer_class", [("none", torch.optim.AdamW), ("cpu", ds_optim.CPUAdam)])
+def test_offload_optimizer_device_steps_with_cpu_adam(device, optimizer_class):
+    zero = {"stage": 2, "offload_optimizer": {"device": device}}
+    engine, *_ = ds_engine.initialize(model=_net(), config=_config(zero_optimization=zero))
+    assert type(engine.basic_optimizer) is optimizer_class
+    _train(engine, 1)
+    assert engine.basic_optimizer.state  # the step ran on this optimizer
+
+
+def test_zero_allow_untested_optimizer():
+    untested = {"type": "RMSprop", "params": {"lr": 1e-3}}
+    with pytest.raises(Exception, match="zero_allow_untested_optimizer"):
+        ds_engine.initialize(model=_net(), config=_config(optimizer=untested, zero_optimization={"stage": 1}))
+    engine, *_ = ds_engine.initialize(
+        model=_net(),
+        config=_config(
+            optimizer=untested, zero_optimization={"stage": 1}, zero_allow_untested_optimizer=True
+        ),
+    )
+    assert type(engine.basic_optimizer) is torch.optim.RMSprop
+
+
+@pytest.mark.parametrize("accum_dtype, model_grad_kept", [("bf16", True), ("fp32", False)])
+def test_bf16_grad_accum_dtype_moves_gradients_into_fp32_buffers(accum_dtype, model_grad_kept):
+    """fp32 accumulation moves each micro-step's bf16 gradient into an fp32 buffer and frees .grad."""
+    config = _config(
+        train_batch_size=4,
+        gradient_accumulation_steps=2,
+        bf16={"enabled": True, "grad_accum_dtype": accum_dtype},
+    )
+    engine, *_ = ds_engine.initialize(model=_net(), config=config)
+    loss = engine(torch.randn(2, 4, dtype=torch.bfloat16)).float().sum()
+    engine.backward(loss)  # first micro-step: not a boundary
+    assert all((p.grad is not None) == model_grad_kept for p in engine.module.parameters())
+
+
+def test_amp_enabled_autocasts_the_forward():
+    amp = {"enabled": True, "opt_level": "O1", "cast_model_type": "bfloat16"}
+    engine, *_ = ds_engine.initialize(model=_net(), config=_config(amp=amp))
+    assert engine(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert next(engine.module.parameters()).dtype == torch.float32  # O1 keeps fp32 weights
+
+
+@pytest.mark.parametrize(
+    "precision, dtype, scaled",
+    [
+        ({}, torch.float32, False),
+        ({"fp16": {"enabled": True}}, torch.float16, True),
+        ({"bf16": {"enabled": True}}, torch.bfloat16, False),
+    ],
+)
+def test_precision_dtype_and_loss_scaler_follow_fp16_and_bf16_enabled(precision, dtype, scaled):
+    engine, *_ = ds_engine.initialize(model=_net(), config=_config(**precision))
+    assert all(p.dtype == dtype for p in engine.module.parameters())
+    assert (engine.parts.scaler is not None) == scaled
