@@ -105,6 +105,7 @@ class ConfigReads:
         if problems:
             raise AssertionError("; ".join(problems))
 
-    def __del__(self) -> None:
+    def __del__(self, _tracked: dict = _TRACKED) -> None:
+        # bound at definition: at interpreter exit the module global may already be None
         for obj in self._alive:
-            _TRACKED.pop(id(obj), None)
+            _tracked.pop(id(obj), None)
