@@ -135,6 +135,17 @@ def markdown() -> str:
     for heading, path, model in SECTIONS:
         lines += section_table(heading, path, model)
     lines += [
+        "## Keys with no effect in ds",
+        "",
+        "Every other key is read by the package it configures (its `CONFIG_FIELDS`; "
+        "`tools/check_config_consumers.py`",
+        "checks that each key has a consumer or a row here). These keys load, and setting one to a value other",
+        "than its default warns once (`ConfigWarning`) with the reason:",
+        "",
+        "| key | why it has no effect |",
+        "|---|---|",
+        *[f"| `{path}` | {_cell(reason)} |" for path, reason in ds_config.NO_EFFECT.items()],
+        "",
         "## Names",
         "",
         "Optimizers: "

@@ -42,8 +42,19 @@ FAILING = [
     ),
     pytest.param(
         (8, 16, None, 1),
-        ("gradient_accumulation_steps", "Gradient accumulation steps: 0 has to be greater than 0"),
+        (
+            "train_batch_size",
+            "train_batch_size 8 is smaller than train_micro_batch_size_per_gpu * world_size = 16 * 1",
+        ),
         id="spec-8-16",
+    ),
+    pytest.param(
+        (8, None, 3, 4),
+        (
+            "train_batch_size",
+            "train_batch_size 8 is smaller than gradient_accumulation_steps * world_size = 3 * 4",
+        ),
+        id="tbs-below-gas-times-world",
     ),
     pytest.param((32, 4, 4, 1), ("train_batch_size", "32 != 4 * 4 * 1"), id="spec-all-three-inconsistent"),
     pytest.param(
@@ -126,3 +137,21 @@ def test_zero_in_config_fails_as_a_bound():
     with pytest.raises(ConfigError) as info:
         load_config({"train_micro_batch_size_per_gpu": 0})
     assert info.value.paths == ["train_micro_batch_size_per_gpu"]
+
+
+def test_a_batch_smaller_than_one_micro_batch_quotes_the_users_numbers():
+    with pytest.raises(ConfigError) as info:
+        load_config({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 16})
+    text = str(info.value)
+    assert (
+        "train_batch_size 8 is smaller than train_micro_batch_size_per_gpu * world_size = 16 * 1 = 16" in text
+    )
+    assert "gradient_accumulation_steps = 0" not in text and ": 0 has to be" not in text  # never written
+    assert (
+        '"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1 '
+        "(= 8 * 1 * 1)" in text
+    )
+    assert (
+        '"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1'
+        in text
+    )

@@ -289,11 +289,14 @@ def test_cpu_offload_builds_cpu_adam_with_deepspeed_modes():
     assert isinstance(opt, CPUAdam) and opt.defaults["adamw_mode"] is False and opt.defaults["lr"] == 0.1
 
 
-def test_from_config_with_namespace_and_real_ds_config():
+def test_from_config_with_the_section_model_only():
     p = [torch.nn.Parameter(torch.zeros(1))]
     section = types.SimpleNamespace(type="Lamb", params={"lr": 0.01, "max_coeff": 3.0})
-    assert optimizer_from_config(p, section).defaults["max_coeff"] == 3.0
+    with pytest.raises(TypeError, match="OptimizerConfig"):
+        optimizer_from_config(p, section)
     ds_config = pytest.importorskip("ds_config")
+    lamb = ds_config.OptimizerConfig(type="Lamb", params={"lr": 0.01, "max_coeff": 3.0})
+    assert optimizer_from_config(p, lamb).defaults["max_coeff"] == 3.0
     real = ds_config.OptimizerConfig(
         type="Adam", params={"lr": 0.002, "betas": [0.8, 0.999], "adam_w_mode": False}
     )

@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from ds_config import SchedulerConfig
 from ds_optim import (
     LRRangeTest,
     OneCycle,
@@ -219,7 +220,7 @@ def test_step_with_explicit_iteration_and_per_group_values():
 
 
 def test_build_scheduler_by_section_name_and_torch_class():
-    section = types.SimpleNamespace(type="WarmupLR", params={"warmup_num_steps": 10, "warmup_type": "linear"})
+    section = SchedulerConfig(type="WarmupLR", params={"warmup_num_steps": 10, "warmup_type": "linear"})
     sched = scheduler_from_config(_opt(), section)
     assert isinstance(sched, WarmupLR) and sched.warmup_type == "linear"
     assert isinstance(WarmupLR.from_config(_opt(), section), WarmupLR)

@@ -261,22 +261,8 @@ def test_local_sliding_window() -> None:
 
 
 def test_from_config_every_mode() -> None:
-    section = types.SimpleNamespace(
-        mode="fixed",
-        block=8,
-        different_layout_per_head=True,
-        num_local_blocks=4,
-        num_global_blocks=1,
-        attention="bidirectional",
-        horizontal_global_attention=False,
-        num_different_global_patterns=4,
-        num_random_blocks=0,
-        local_window_blocks=[4],
-        global_block_indices=[0],
-        global_block_end_indices=None,
-        num_sliding_window_blocks=3,
-    )
-    fixed = from_config(section, num_heads=4)
+    common = {"block": 8, "different_layout_per_head": True}
+    fixed = from_config(_section(mode="fixed", num_different_global_patterns=4, **common), num_heads=4)
     assert (
         isinstance(fixed, FixedSparsityConfig)
         and fixed.num_different_global_patterns == 4
@@ -288,15 +274,20 @@ def test_from_config_every_mode() -> None:
         ("bigbird", BigBirdSparsityConfig),
         ("bslongformer", BSLongformerSparsityConfig),
     ]:
-        section.mode = mode
+        section = _section(mode=mode, **({"block": 8} if mode == "dense" else common))
         config = from_config(section, num_heads=4)
         assert type(config) is cls and config.num_heads == 4 and config.block == 8
-    bigbird = from_config({"mode": "bigbird"}, num_heads=2)
+    bigbird = from_config(_section(mode="bigbird"), num_heads=2)
     assert bigbird.num_random_blocks == 0  # the config parser's default, not the class's 1
-    with pytest.raises(
-        NotImplementedError, match="Given sparsity mode, local, has not been implemented yet!"
-    ):
-        from_config({"mode": "local"}, num_heads=2)
+    with pytest.raises(TypeError, match="sparse_attention section"):
+        from_config(types.SimpleNamespace(mode="fixed", block=16), num_heads=2)
+
+
+def _section(**keys):
+    import pydantic
+    from ds_config import SparseAttentionConfig
+
+    return pydantic.TypeAdapter(SparseAttentionConfig).validate_python(keys)
 
 
 def test_from_config_with_ds_config_model() -> None:

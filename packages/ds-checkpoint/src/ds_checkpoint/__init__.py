@@ -1,5 +1,6 @@
 """Activation checkpointing, and pickle-free training-state checkpoints that load at any world size."""
 
+from ._config_fields import CONFIG_FIELDS
 from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed
 from ._errors import (
     CheckpointCorruptError,
@@ -25,6 +26,7 @@ from .activation import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "CONFIG_FIELDS",
     "__version__",
     # activation checkpointing (ds_checkpoint.activation holds the rest: reset, errors, settings)
     "checkpoint",

@@ -10,7 +10,7 @@ from ds_checkpoint.activation import (
     configure,
     is_configured,
 )
-from ds_config import ActivationCheckpointingConfig
+from ds_config import ActivationCheckpointingConfig, DSConfig
 
 
 class WorldMPU:
@@ -79,9 +79,11 @@ def test_from_config_with_the_real_section_model():
     assert settings == ActivationCheckpointingSettings(
         partition_activations=True, contiguous_memory_optimization=True, number_checkpoints=4, profile=True
     )
-    whole = types.SimpleNamespace(activation_checkpointing=section)  # a DSConfig-like object
+    whole = DSConfig(activation_checkpointing=section)
     assert configure(None, deepspeed_config=whole) == settings
     assert ActivationCheckpointingSettings.from_config(section) == settings
+    with pytest.raises(TypeError, match="ActivationCheckpointingConfig"):
+        configure(None, deepspeed_config=types.SimpleNamespace(activation_checkpointing=section))
 
 
 def test_unknown_key_names_its_path_and_the_closest_key():

@@ -7,6 +7,7 @@ field names are the JSON keys, e.g. ``cfg.zero_optimization.stage`` or ``cfg.fp1
 
 from ._batch import BatchSizes, derive_batch_sizes
 from ._errors import ConfigError, ConfigProblem, ConfigWarning
+from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
 from ._models import (
     NATIVE_OPTIMIZERS,
@@ -33,7 +34,9 @@ from ._models import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "CONFIG_FIELDS",
     "NATIVE_OPTIMIZERS",
+    "NO_EFFECT",
     "NATIVE_SCHEDULERS",
     "SPARSE_ATTENTION_MODES",
     "ActivationCheckpointingConfig",
@@ -59,5 +62,6 @@ __all__ = [
     "ZeroConfig",
     "__version__",
     "derive_batch_sizes",
+    "leaf_paths",
     "load_config",
 ]

@@ -43,6 +43,9 @@ def derive_batch_sizes(
         gradient_accumulation_steps,
         world_size,
     )
+    too_small = _too_small_to_split(tbs, mbs, gas, w, world_size_source)
+    if too_small is not None:
+        raise ConfigError([too_small])
     if tbs is not None and mbs is not None and gas is not None:
         pass  # 1. all three given: nothing derived
     elif tbs is not None and mbs is not None:
@@ -69,6 +72,36 @@ def derive_batch_sizes(
     if problem is not None:
         raise ConfigError([problem])
     return BatchSizes(tbs, mbs, gas, w, world_size_source)
+
+
+def _triple(tbs: int, mbs: int, gas: int, w: int) -> str:
+    return f'"{TBS}": {tbs}, "{MBS}": {mbs}, "{GAS}": {gas} (= {mbs} * {gas} * {w})'
+
+
+def _too_small_to_split(
+    tbs: int | None, mbs: int | None, gas: int | None, w: int, source: str
+) -> ConfigProblem | None:
+    """A train_batch_size too small for the given micro batch (or accumulation steps) and world size.
+
+    Derivation would floor the missing key to 0 and report a value the user never wrote; this says
+    it in the user's own numbers instead, with a consistent triple that keeps train_batch_size when
+    the world size divides it, and one that keeps the user's other key.
+    """
+    if tbs is None or tbs < 1 or (mbs is None) == (gas is None):
+        return None  # not case 2 or 3 (or a bound error the models report)
+    given_name, given = (MBS, mbs) if mbs is not None else (GAS, gas)
+    if given < 1 or tbs >= given * w:
+        return None
+    options = []
+    if tbs % w == 0:
+        options.append(_triple(tbs, tbs // w, 1, w))
+    options.append(_triple(given * w, given, 1, w) if given_name == MBS else _triple(gas * w, 1, gas, w))
+    return ConfigProblem(
+        TBS,
+        f"{TBS} {tbs} is smaller than {given_name} * world_size = {given} * {w} = {given * w} "
+        f"(world size {w} from {source}); a consistent choice is " + ", or ".join(options),
+        tbs,
+    )
 
 
 def _first_failed_assertion(tbs: int, mbs: int, gas: int, w: int, source: str) -> ConfigProblem | None:

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from ._batch import BatchSizes, derive_batch_sizes
 from ._errors import ConfigError, ConfigProblem
+from ._fields import warn_no_effect
 from ._models import SPARSE_ATTENTION_MODES, DSConfig
 from ._prepare import prepare
 from ._rules import check_rules
@@ -72,6 +73,7 @@ def load_config(
         batch = _derive(*(getattr(cfg, key) for key in _BATCH_ORDER), world, world_size_source, problems)
     if problems or batch is None:
         raise ConfigError(problems, origin)
+    warn_no_effect(cfg)
     return _with_batch(cfg, batch)
 
 

@@ -249,7 +249,10 @@ class ZeroConfig(_Section):
     )
     load_from_fp32_weights: JsonBool = Field(
         True,
-        description="On load, restore the fp32 master partition from the saved fp32 copy (else from weights).",
+        description=(
+            "On load (stages 1, 2), restore the fp32 master partition from the saved fp32 copy; false rebuilds "
+            "it from the loaded (fp16/bf16) weights, keeping the optimizer state. Stage 0 ignores it (DeepSpeed too)."
+        ),
     )
     elastic_checkpoint: JsonBool = Field(
         False, description="Accepted for compatibility; ds checkpoints always reshard to any world size."

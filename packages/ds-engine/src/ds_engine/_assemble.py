@@ -143,7 +143,8 @@ def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) ->
     if cfg.optimizer is not None:
         if client is not None and not callable(client):
             logger.warning("both a config optimizer and a client optimizer were given: using the config's")
-        offload = cfg.zero_optimization.stage > 0 and _offload(cfg)
+        # ZeRO offload steps on the CPU partition: Adam becomes CPUAdam there
+        offload = cfg.zero_optimization.stage > 0 and cfg.zero_optimization.offload_device == "cpu"
         return ds_optim.optimizer_from_config(
             params, cfg.optimizer, process_group=dp_group, cpu_offload=offload
         )
@@ -152,12 +153,6 @@ def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) ->
             'no optimizer: add an "optimizer" section to the config or pass initialize(optimizer=...)'
         )
     return client(params) if callable(client) and not isinstance(client, torch.optim.Optimizer) else client
-
-
-def _offload(cfg: DSConfig) -> bool:
-    zero = cfg.zero_optimization
-    device = getattr(zero.offload_optimizer, "device", None) if zero.offload_optimizer is not None else None
-    return bool(zero.cpu_offload) or getattr(device, "value", device) == "cpu"
 
 
 def _build_scheduler(cfg: DSConfig, wrapped: Any, client: Any) -> Any:

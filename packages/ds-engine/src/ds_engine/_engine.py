@@ -216,6 +216,11 @@ class DeepSpeedEngine(nn.Module):
                     self.optimizer.load_sharded_state_dict(
                         *state.optimizer_shard(ranges, mine["rank"], mine["world_size"])
                     )
+                    zero = self.config.zero_optimization
+                    if zero.stage > 0 and not zero.load_from_fp32_weights:
+                        # DeepSpeed's load_from_fp32_weights=false (a ZeRO key): keep the loaded optimizer
+                        # state (moments, step) but rebuild the fp32 master from the weights just loaded
+                        self._refresh_master_from_weights()
                 else:
                     self._refresh_master_from_weights()
             if load_lr_scheduler_states and self.lr_scheduler is not None and state.lr_scheduler is not None:
@@ -229,7 +234,7 @@ class DeepSpeedEngine(nn.Module):
         return fn() if fn is not None else None
 
     def _refresh_master_from_weights(self) -> None:
-        """Without optimizer state, the fp32 masters restart from the loaded weights (DeepSpeed's rule)."""
+        """The fp32 masters restart from the loaded (possibly low-precision) weights; other state is kept."""
         tensors, meta = self._sharded_state()
         for g, group in enumerate(meta["groups"]):
             start, end = group["shard"]

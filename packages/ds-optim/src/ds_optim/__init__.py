@@ -11,6 +11,7 @@ from ds_optim._build import (
     optimizer_from_config,
     scheduler_from_config,
 )
+from ds_optim._config_fields import CONFIG_FIELDS
 from ds_optim._cpu_adam import CPUAdam
 from ds_optim._lamb import Lamb
 from ds_optim._onebit import OneBitAdam
@@ -18,6 +19,7 @@ from ds_optim._schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDec
 
 __version__ = "0.1.0"
 __all__ = [
+    "CONFIG_FIELDS",
     "CPUAdam",
     "LRRangeTest",
     "Lamb",

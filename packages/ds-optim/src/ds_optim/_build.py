@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
+from ds_config import OptimizerConfig, SchedulerConfig
 
 from ds_optim._cpu_adam import CPUAdam
 from ds_optim._lamb import Lamb
@@ -43,18 +44,18 @@ def _torch_scheduler_names() -> list[str]:
     )
 
 
-def _split_section(section_or_type: Any, params: Mapping[str, Any] | None, what: str) -> tuple[str, dict]:
-    """(type, params) from a name plus params, or from a section object with ``type``/``params`` attributes."""
+def _split_section(
+    section_or_type: str | OptimizerConfig | SchedulerConfig, params: Mapping[str, Any] | None, what: str
+) -> tuple[str, dict]:
+    """(type, params) from a name plus params, or from the ds_config section model."""
     if isinstance(section_or_type, str):
         return section_or_type, dict(params or {})
-    name = getattr(section_or_type, "type", None)
-    if not isinstance(name, str):
-        raise OptimizerConfigError(
-            f'{what} section has no \'type\'; set "{what}": {{"type": ..., "params": {{...}}}}'
+    if not isinstance(section_or_type, (OptimizerConfig, SchedulerConfig)):
+        raise TypeError(
+            f"the {what} must be named by a string or given as ds_config's {what} section model, "
+            f"got {type(section_or_type).__name__}"
         )
-    merged = dict(getattr(section_or_type, "params", None) or {})
-    merged.update(params or {})
-    return name, merged
+    return section_or_type.type, {**section_or_type.params, **(params or {})}
 
 
 def _check_kwargs(cls: Any, kwargs: Mapping[str, Any], name: str, what: str, skip: int) -> None:
@@ -106,7 +107,7 @@ def _build_adam(params: list[Any], opts: dict[str, Any], adamw_type: bool, cpu_o
 
 def build_optimizer(
     params: Iterable[Any],
-    optimizer_section_or_type: Any,
+    optimizer_section_or_type: str | OptimizerConfig,
     params_dict: Mapping[str, Any] | None = None,
     *,
     process_group: Any = None,
@@ -155,7 +156,7 @@ def _known_optimizers() -> str:
 
 
 def build_scheduler(
-    optimizer: Any, scheduler_section_or_type: Any, params: Mapping[str, Any] | None = None
+    optimizer: Any, scheduler_section_or_type: str | SchedulerConfig, params: Mapping[str, Any] | None = None
 ) -> Any:
     """Build the LR schedule named by a config section (``type``, ``params``) or by a type name.
 
@@ -180,11 +181,21 @@ def build_scheduler(
     return cls(optimizer, **opts)
 
 
-def optimizer_from_config(params: Iterable[Any], section: Any, **kwargs: Any) -> torch.optim.Optimizer:
-    """``build_optimizer`` for a ds_config ``OptimizerConfig`` (attributes ``type`` and ``params``)."""
+def optimizer_from_config(
+    params: Iterable[Any], section: OptimizerConfig, **kwargs: Any
+) -> torch.optim.Optimizer:
+    """``build_optimizer`` for the ``optimizer`` section (``type`` and ``params``)."""
+    if not isinstance(section, OptimizerConfig):
+        raise TypeError(
+            f"optimizer_from_config takes ds_config.OptimizerConfig, got {type(section).__name__}"
+        )
     return build_optimizer(params, section, **kwargs)
 
 
-def scheduler_from_config(optimizer: Any, section: Any) -> Any:
-    """``build_scheduler`` for a ds_config ``SchedulerConfig`` (attributes ``type`` and ``params``)."""
+def scheduler_from_config(optimizer: Any, section: SchedulerConfig) -> Any:
+    """``build_scheduler`` for the ``scheduler`` section (``type`` and ``params``)."""
+    if not isinstance(section, SchedulerConfig):
+        raise TypeError(
+            f"scheduler_from_config takes ds_config.SchedulerConfig, got {type(section).__name__}"
+        )
     return build_scheduler(optimizer, section)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from ds_config import SchedulerConfig
 
 __all__ = ["LRRangeTest", "OneCycle", "WarmupCosineLR", "WarmupDecayLR", "WarmupLR"]
 
@@ -83,13 +84,11 @@ class _Schedule:
         self._last_lr: list[float] = []
 
     @classmethod
-    def from_config(cls, optimizer: Any, section: Any) -> _Schedule:
-        """Build from a ds_config ``SchedulerConfig`` (attributes ``type`` and ``params``)."""
-        if getattr(section, "type", None) != cls.__name__:
-            raise ValueError(
-                f"scheduler.type is {getattr(section, 'type', None)!r}, expected {cls.__name__!r}"
-            )
-        return cls(optimizer, **dict(getattr(section, "params", None) or {}))
+    def from_config(cls, optimizer: Any, section: SchedulerConfig) -> _Schedule:
+        """Build from the ``scheduler`` section; its ``type`` must name this class."""
+        if section.type != cls.__name__:
+            raise ValueError(f"scheduler.type is {section.type!r}, expected {cls.__name__!r}")
+        return cls(optimizer, **section.params)
 
     def get_lr(self) -> list[float]:
         """The lr of every param group at the current iteration."""

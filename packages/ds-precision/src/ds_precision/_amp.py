@@ -15,9 +15,11 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from ds_config import AmpConfig
 
 from ._optimizer import MixedPrecisionOptimizer
 from ._scaler import DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE, DynamicLossScaler, StaticLossScaler
@@ -29,6 +31,7 @@ logger = logging.getLogger("ds_precision")
 OPT_LEVELS = ("O0", "O1", "O2", "O3")
 # apex.amp.initialize keywords with no effect on the autocast path (autocast already does their job)
 _IGNORED_WITHOUT_APEX = ("patch_torch_functions", "verbosity", "cast_model_outputs")
+_APEX_DEFAULTS = {"verbosity": 1}  # the section always carries it; only another value is worth a warning
 _KNOWN_KEYS = (
     "enabled",
     "opt_level",
@@ -53,13 +56,27 @@ _DTYPES = {
 _NORM_LAYERS = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
-def _as_dict(config: Any) -> dict[str, Any]:
-    """The amp section as a dict: a pydantic model (with its extra keys), a namespace, or a dict."""
-    if isinstance(config, dict):
+def _as_dict(config: AmpConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """The amp options: from the section model (each key read by name, plus its pass-through extra keys)
+    or from a plain dict of ``apex.amp.initialize`` keywords."""
+    if isinstance(config, Mapping):
         return dict(config)
-    if hasattr(config, "model_dump"):
-        return dict(config.model_dump())
-    return dict(vars(config))
+    if not isinstance(config, AmpConfig):
+        raise TypeError(f"amp config must be ds_config.AmpConfig or a dict, got {type(config).__name__}")
+    return {
+        "opt_level": config.opt_level,
+        "cast_model_type": config.cast_model_type,
+        "patch_torch_functions": config.patch_torch_functions,
+        "keep_batchnorm_fp32": config.keep_batchnorm_fp32,
+        "master_weights": config.master_weights,
+        "loss_scale": config.loss_scale,
+        "cast_model_outputs": config.cast_model_outputs,
+        "num_losses": config.num_losses,
+        "verbosity": config.verbosity,
+        "min_loss_scale": config.min_loss_scale,
+        "max_loss_scale": config.max_loss_scale,
+        **(config.model_extra or {}),
+    }
 
 
 def _apex_amp() -> Any | None:
@@ -78,11 +95,14 @@ def _dtype(value: Any) -> torch.dtype:
 
 
 def amp_initialize(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: Any = None, **kwargs: Any
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    config: AmpConfig | Mapping[str, Any] | None = None,
+    **kwargs: Any,
 ) -> tuple[torch.nn.Module, Any]:
     """Set up amp for ``model`` and ``optimizer``; return ``(model, optimizer)`` to train with.
 
-    ``config`` is the ``amp`` section (model, namespace or dict); ``kwargs`` add to or override it.
+    ``config`` is the ``amp`` section model (or a dict of the same keys); ``kwargs`` add to or override it.
     Every key except ``enabled`` goes to ``apex.amp.initialize`` when apex is importable. Without
     apex the opt levels run on ``torch.autocast``: the model's ``forward`` is wrapped in autocast
     (and cast for O2/O3), and the returned optimizer is a :class:`MixedPrecisionOptimizer`; call
@@ -90,7 +110,7 @@ def amp_initialize(
     ``bool`` returned by ``optimizer.step()`` before stepping an LR schedule.
     """
     options = {**(_as_dict(config) if config is not None else {}), **kwargs}
-    options.pop("enabled", None)
+    options.pop("enabled", None)  # the engine's key: it decides whether amp is set up at all
     # a section model lists every known key, unset ones as None: None means "the level's default"
     options = {k: v for k, v in options.items() if v is not None}
     apex_amp = _apex_amp()
@@ -112,9 +132,9 @@ def _autocast_initialize(
         raise ValueError(f"amp.opt_level must be one of {list(OPT_LEVELS)}, got {level!r}")
     if int(options.get("num_losses", 1)) != 1:
         raise ValueError("amp.num_losses > 1 needs NVIDIA apex (pip install apex); without apex use one loss")
-    ignored = [k for k in _IGNORED_WITHOUT_APEX if k in options]
+    ignored = [k for k in _IGNORED_WITHOUT_APEX if k in options and options[k] != _APEX_DEFAULTS.get(k)]
     if ignored:
-        logger.info("amp without apex: %s have no effect (torch.autocast chooses op precision)", ignored)
+        logger.warning("amp without apex: %s have no effect (torch.autocast chooses op precision)", ignored)
     half = _dtype(options.get("cast_model_type") or "float16")
     if half == torch.float32:
         level = "O0"

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ds_config import FP16Config
+
 __all__ = [
     "DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE",
     "DynamicLossScaler",
@@ -120,17 +122,15 @@ class DynamicLossScaler:
         self._streak = _OverflowStreak(max_overflows_at_min_scale)
 
     @classmethod
-    def from_config(cls, fp16: Any) -> DynamicLossScaler:
-        """Build from the ``fp16`` section model (attributes named like its JSON keys)."""
+    def from_config(cls, fp16: FP16Config) -> DynamicLossScaler:
+        """Build from the ``fp16`` section model."""
         return cls(
             initial_scale_power=fp16.initial_scale_power,
             loss_scale_window=fp16.loss_scale_window,
             hysteresis=fp16.hysteresis,
             consecutive_hysteresis=fp16.consecutive_hysteresis,
             min_loss_scale=fp16.min_loss_scale,
-            max_overflows_at_min_scale=getattr(
-                fp16, "max_overflows_at_min_scale", DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE
-            ),
+            max_overflows_at_min_scale=fp16.max_overflows_at_min_scale,
         )
 
     @property
@@ -217,14 +217,9 @@ class StaticLossScaler:
         self._streak = _OverflowStreak(max_overflows_at_min_scale)
 
     @classmethod
-    def from_config(cls, fp16: Any) -> StaticLossScaler:
+    def from_config(cls, fp16: FP16Config) -> StaticLossScaler:
         """Build from the ``fp16`` section model; ``fp16.loss_scale`` must be > 0."""
-        return cls(
-            fp16.loss_scale,
-            max_overflows_at_min_scale=getattr(
-                fp16, "max_overflows_at_min_scale", DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE
-            ),
-        )
+        return cls(fp16.loss_scale, max_overflows_at_min_scale=fp16.max_overflows_at_min_scale)
 
     @property
     def loss_scale(self) -> float:
@@ -252,8 +247,10 @@ class StaticLossScaler:
         return f"StaticLossScaler(scale={self.cur_scale:g})"
 
 
-def loss_scaler_from_config(fp16: Any) -> DynamicLossScaler | StaticLossScaler:
+def loss_scaler_from_config(fp16: FP16Config) -> DynamicLossScaler | StaticLossScaler:
     """The scaler an ``fp16`` section asks for: dynamic when ``loss_scale`` is 0, else static."""
+    if not isinstance(fp16, FP16Config):
+        raise TypeError(f"loss_scaler_from_config takes ds_config.FP16Config, got {type(fp16).__name__}")
     if fp16.loss_scale == 0:
         return DynamicLossScaler.from_config(fp16)
     if fp16.loss_scale < 0:

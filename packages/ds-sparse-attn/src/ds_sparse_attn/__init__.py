@@ -6,6 +6,7 @@ Numba CUDA kernels on GPUs), forward and backward.
 """
 
 from ._attention import BertSparseSelfAttention, SparseSelfAttention
+from ._config_fields import CONFIG_FIELDS
 from ._from_config import from_config
 from ._layouts import (
     BigBirdSparsityConfig,
@@ -21,6 +22,7 @@ from ._utils import SparseAttentionUtils
 
 __version__ = "0.1.0"
 __all__ = [
+    "CONFIG_FIELDS",
     "BSLongformerSparsityConfig",
     "BertSparseSelfAttention",
     "BigBirdSparsityConfig",

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from ds_config import (
+    BigBirdSparseAttentionConfig,
+    BSLongformerSparseAttentionConfig,
+    DenseSparseAttentionConfig,
+    FixedSparseAttentionConfig,
+    SparseAttentionModeConfig,
+    VariableSparseAttentionConfig,
+)
 
 from ._layouts import (
     BigBirdSparsityConfig,
@@ -14,85 +20,63 @@ from ._layouts import (
     VariableSparsityConfig,
 )
 
-# Which section keys each mode reads (DeepSpeed 0.14's get_sparse_*_config, plus `attention` for bigbird and
-# bslongformer, which DeepSpeed's parser dropped although the classes take it; ds_config reads it too).
-_MODE_KEYS: dict[str, tuple[type[SparsityConfig], tuple[str, ...]]] = {
-    "dense": (DenseSparsityConfig, ("block",)),
-    "fixed": (
-        FixedSparsityConfig,
-        (
-            "block",
-            "different_layout_per_head",
-            "num_local_blocks",
-            "num_global_blocks",
-            "attention",
-            "horizontal_global_attention",
-            "num_different_global_patterns",
-        ),
-    ),
-    "variable": (
-        VariableSparsityConfig,
-        (
-            "block",
-            "different_layout_per_head",
-            "num_random_blocks",
-            "local_window_blocks",
-            "global_block_indices",
-            "global_block_end_indices",
-            "attention",
-            "horizontal_global_attention",
-        ),
-    ),
-    "bigbird": (
-        BigBirdSparsityConfig,
-        (
-            "block",
-            "different_layout_per_head",
-            "num_random_blocks",
-            "num_sliding_window_blocks",
-            "num_global_blocks",
-            "attention",
-        ),
-    ),
-    "bslongformer": (
-        BSLongformerSparsityConfig,
-        (
-            "block",
-            "different_layout_per_head",
-            "num_sliding_window_blocks",
-            "global_block_indices",
-            "global_block_end_indices",
-            "attention",
-        ),
-    ),
-}
 
-# DeepSpeed's config parser defaults num_random_blocks to 0 for bigbird too (the class default is 1).
-_SECTION_DEFAULTS: dict[str, Any] = {"num_random_blocks": 0}
-
-
-def _read(section: Any, key: str) -> Any:
-    if isinstance(section, Mapping):
-        return section.get(key, _SECTION_DEFAULTS.get(key))
-    return getattr(section, key, _SECTION_DEFAULTS.get(key))
-
-
-def from_config(section: Any, num_heads: int, seed: int = 0) -> SparsityConfig:
+def from_config(section: SparseAttentionModeConfig, num_heads: int, seed: int = 0) -> SparsityConfig:
     """The layout config described by a `sparse_attention` section.
 
+    Each mode reads the keys DeepSpeed 0.14's get_sparse_*_config read, plus `attention` for bigbird and
+    bslongformer (DeepSpeed's parser dropped it although the classes take it). ds_config's section
+    default of `num_random_blocks` is 0 for bigbird too, as in DeepSpeed's parser (the class default is 1).
+
     Args:
-        section: ds_config's `SparseAttentionConfig` (or any object / mapping with the same keys).
+        section: `DSConfig.sparse_attention`: one of ds_config's five per-mode models.
         num_heads: attention heads of the layer (the config does not carry it).
         seed: seeds random blocks (variable, bigbird) so every rank and rerun agree.
     """
-    mode = _read(section, "mode") or "fixed"
-    if mode not in _MODE_KEYS:
-        raise NotImplementedError(
-            f"Given sparsity mode, {mode}, has not been implemented yet! "
-            f"sparse_attention.mode must be one of {sorted(_MODE_KEYS)}."
+    if not isinstance(section, SparseAttentionModeConfig):
+        raise TypeError(
+            "from_config takes ds_config's sparse_attention section (DSConfig.sparse_attention, one model per "
+            f"mode), got {type(section).__name__}"
         )
-    cls, keys = _MODE_KEYS[mode]
-    kwargs = {key: value for key in keys if (value := _read(section, key)) is not None}
-    if mode in ("variable", "bigbird"):
-        kwargs["seed"] = seed
-    return cls(num_heads=num_heads, **kwargs)
+    common = {"num_heads": num_heads, "block": section.block}
+    if isinstance(section, DenseSparseAttentionConfig):
+        return DenseSparsityConfig(**common)
+    common["different_layout_per_head"] = section.different_layout_per_head
+    if isinstance(section, FixedSparseAttentionConfig):
+        return FixedSparsityConfig(
+            **common,
+            num_local_blocks=section.num_local_blocks,
+            num_global_blocks=section.num_global_blocks,
+            attention=section.attention,
+            horizontal_global_attention=section.horizontal_global_attention,
+            num_different_global_patterns=section.num_different_global_patterns,
+        )
+    if isinstance(section, VariableSparseAttentionConfig):
+        return VariableSparsityConfig(
+            **common,
+            num_random_blocks=section.num_random_blocks,
+            local_window_blocks=section.local_window_blocks,
+            global_block_indices=section.global_block_indices,
+            global_block_end_indices=section.global_block_end_indices,
+            attention=section.attention,
+            horizontal_global_attention=section.horizontal_global_attention,
+            seed=seed,
+        )
+    if isinstance(section, BigBirdSparseAttentionConfig):
+        return BigBirdSparsityConfig(
+            **common,
+            num_random_blocks=section.num_random_blocks,
+            num_sliding_window_blocks=section.num_sliding_window_blocks,
+            num_global_blocks=section.num_global_blocks,
+            attention=section.attention,
+            seed=seed,
+        )
+    if isinstance(section, BSLongformerSparseAttentionConfig):
+        return BSLongformerSparsityConfig(
+            **common,
+            num_sliding_window_blocks=section.num_sliding_window_blocks,
+            global_block_indices=section.global_block_indices,
+            global_block_end_indices=section.global_block_end_indices,
+            attention=section.attention,
+        )
+    raise TypeError(f"sparse_attention section of unknown mode model {type(section).__name__}")

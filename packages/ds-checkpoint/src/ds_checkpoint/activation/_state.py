@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ds_config import ActivationCheckpointingConfig, DSConfig
 
 from ._errors import ActivationCheckpointingConfigError
 from ._partition import ContiguousBufferPool
@@ -39,13 +40,21 @@ class ActivationCheckpointingSettings:
     profile: bool = False
 
     @classmethod
-    def from_config(cls, section: Any) -> ActivationCheckpointingSettings:
-        """Map a config section model (``ds_config.ActivationCheckpointingConfig``) by attribute name."""
-        defaults = cls()
-        values = {
-            f.name: getattr(section, f.name, getattr(defaults, f.name)) for f in dataclasses.fields(cls)
-        }
-        settings = cls(**values)
+    def from_config(cls, section: ActivationCheckpointingConfig) -> ActivationCheckpointingSettings:
+        """Build from the ``activation_checkpointing`` section model."""
+        if not isinstance(section, ActivationCheckpointingConfig):
+            raise TypeError(
+                "ActivationCheckpointingSettings.from_config takes ds_config.ActivationCheckpointingConfig, "
+                f"got {type(section).__name__}"
+            )
+        settings = cls(
+            partition_activations=section.partition_activations,
+            cpu_checkpointing=section.cpu_checkpointing,
+            contiguous_memory_optimization=section.contiguous_memory_optimization,
+            number_checkpoints=section.number_checkpoints,
+            synchronize_checkpoint_boundary=section.synchronize_checkpoint_boundary,
+            profile=section.profile,
+        )
         settings.validate()
         return settings
 
@@ -135,8 +144,8 @@ def model_parallel_info(mpu: Any) -> tuple[int, int, dist.ProcessGroup | None]:
 def settings_from_deepspeed_config(deepspeed_config: Any) -> ActivationCheckpointingSettings:
     """Read the section from what ``configure(deepspeed_config=...)`` accepts.
 
-    That is: a JSON file path, the whole config as a dict, a whole config object with an
-    ``activation_checkpointing`` attribute (``ds_config.DSConfig``), or the section model itself.
+    That is: a JSON file path, the whole config as a dict, a ``ds_config.DSConfig``, or its
+    ``ActivationCheckpointingConfig`` section.
     """
     if isinstance(deepspeed_config, (str, os.PathLike)):
         with open(deepspeed_config, encoding="utf-8") as f:
@@ -146,18 +155,13 @@ def settings_from_deepspeed_config(deepspeed_config: Any) -> ActivationCheckpoin
         if not isinstance(section, Mapping):
             raise ActivationCheckpointingConfigError(f"'{_SECTION}' must be an object, got {section!r}")
         return ActivationCheckpointingSettings.from_mapping(section)
-    if hasattr(deepspeed_config, _SECTION):
-        section = getattr(deepspeed_config, _SECTION)
-        return (
-            ActivationCheckpointingSettings()
-            if section is None
-            else ActivationCheckpointingSettings.from_config(section)
-        )
-    if hasattr(deepspeed_config, "partition_activations"):
+    if isinstance(deepspeed_config, DSConfig):
+        return ActivationCheckpointingSettings.from_config(deepspeed_config.activation_checkpointing)
+    if isinstance(deepspeed_config, ActivationCheckpointingConfig):
         return ActivationCheckpointingSettings.from_config(deepspeed_config)
     raise TypeError(
-        "deepspeed_config must be a JSON path, a config dict, a config object with an "
-        f"'{_SECTION}' attribute, or that section; got {type(deepspeed_config).__name__}"
+        "deepspeed_config must be a JSON path, a config dict, a ds_config.DSConfig, or its "
+        f"ActivationCheckpointingConfig section; got {type(deepspeed_config).__name__}"
     )
 
 

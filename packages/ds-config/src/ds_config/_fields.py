@@ -1,0 +1,108 @@
+"""Every leaf key of the config, and the one table of keys that have no effect in ds.
+
+A leaf is a field whose value is not itself a section model: ``fp16.loss_scale``, ``optimizer.params``,
+``sparse_attention.block``. Every leaf must be read by some package (its ``CONFIG_FIELDS`` tuple says
+so; ``tools/check_config_consumers.py`` checks it) or appear in :data:`NO_EFFECT` with the reason.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+import warnings
+from typing import Any
+
+from pydantic import BaseModel
+
+from ._errors import ConfigWarning
+
+__all__ = ["CONFIG_FIELDS", "NO_EFFECT", "leaf_paths", "section_models", "warn_no_effect"]
+
+# Keys whose whole effect happens inside ds_config: the boolean "zero_optimization": true form takes its
+# bucket size from allgather_size; offload_optimizer.ratio is refused below 1 (a ZeRO-3 feature);
+# sparse_attention.mode chooses which section model the section is (ds_sparse_attn dispatches on it).
+CONFIG_FIELDS: tuple[str, ...] = (
+    "allgather_size",
+    "zero_optimization.offload_optimizer.ratio",
+    "sparse_attention.mode",
+)
+
+_NVME_ONLY = (
+    "tunes NVMe offload (ZeRO-Infinity), which ds rejects (offload_optimizer.device 'nvme' is an error)"
+)
+
+NO_EFFECT: dict[str, str] = {
+    "zero_optimization.elastic_checkpoint": (
+        "ds checkpoints always load at any world size (optimizer state included), so there is nothing to "
+        "switch on"
+    ),
+    "zero_optimization.offload_optimizer.nvme_path": _NVME_ONLY,
+    "zero_optimization.offload_optimizer.buffer_count": _NVME_ONLY,
+    "zero_optimization.offload_optimizer.pipeline_read": _NVME_ONLY,
+    "zero_optimization.offload_optimizer.pipeline_write": _NVME_ONLY,
+    "zero_optimization.offload_optimizer.fast_init": _NVME_ONLY,
+}
+"""Dotted key -> why setting it changes nothing in ds. Rendered into docs/reference/config.md; setting
+one of these keys to a value other than its default warns once per load (:func:`warn_no_effect`)."""
+
+
+def section_models(annotation: Any) -> list[type[BaseModel]]:
+    """The section models an annotation can hold (through ``Optional``, unions and ``Annotated``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return section_models(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return [m for arg in typing.get_args(annotation) for m in section_models(arg)]
+    return []
+
+
+def leaf_paths(model: type[BaseModel] | None = None, prefix: str = "") -> tuple[str, ...]:
+    """Dotted paths of every leaf field of ``model`` (default: the whole ``DSConfig``), sorted.
+
+    A field that may hold several section models (``sparse_attention``'s modes) contributes the union
+    of their leaves under one prefix, since the JSON path is the same whichever mode is chosen.
+    """
+    if model is None:
+        from ._models import DSConfig
+
+        model = DSConfig
+    paths: set[str] = set()
+    for name, field in model.model_fields.items():
+        path = prefix + name
+        sections = section_models(field.annotation)
+        if not sections:
+            paths.add(path)
+        for section in sections:
+            paths.update(leaf_paths(section, path + "."))
+    return tuple(sorted(paths))
+
+
+def _lookup(cfg: BaseModel, path: str) -> tuple[Any, Any] | None:
+    """``(value, default)`` of the leaf at ``path``, or None where a section on the way is absent."""
+    node: Any = cfg
+    *sections, leaf = path.split(".")
+    for name in sections:
+        node = getattr(node, name, None)
+        if node is None:
+            return None
+    field = type(node).model_fields.get(leaf)
+    if field is None:  # another sparse-attention mode's key
+        return None
+    return getattr(node, leaf), field.get_default(call_default_factory=True)
+
+
+def warn_no_effect(cfg: BaseModel) -> list[str]:
+    """Warn (:class:`ConfigWarning`, once per key) for each :data:`NO_EFFECT` key set to a non-default value.
+
+    Returns the paths warned about.
+    """
+    warned = []
+    for path, reason in NO_EFFECT.items():
+        found = _lookup(cfg, path)
+        if found is None or found[0] == found[1]:
+            continue
+        warnings.warn(f"{path} = {found[0]!r} has no effect in ds: {reason}", ConfigWarning, stacklevel=3)
+        warned.append(path)
+    return warned

@@ -1,0 +1,30 @@
+"""The DSConfig keys ds_engine's own code reads (tools/check_config_consumers.py reads this by AST).
+
+The engine reads the keys that choose what to assemble and the loop's own keys; every other key is read
+by the package the engine hands its section to (each declares its own CONFIG_FIELDS).
+"""
+
+CONFIG_FIELDS: tuple[str, ...] = (
+    # _initialize / DeepSpeedEngine: the batch triple (derived by ds_config)
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    # _assemble: what is built and how it is wrapped
+    "fp16.enabled",
+    "bf16.enabled",
+    "bf16.grad_accum_dtype",
+    "amp.enabled",
+    "zero_optimization.stage",
+    "zero_optimization.offload_optimizer.device",
+    "gradient_clipping",
+    "zero_allow_untested_optimizer",
+    "gradient_predivide_factor",
+    "prescale_gradients",
+    "fp32_allreduce",
+    # DeepSpeedEngine: logging, timers, checkpoints
+    "steps_per_print",
+    "wall_clock_breakdown",
+    "dump_state",
+    "checkpoint.tag_validation",
+    "zero_optimization.load_from_fp32_weights",
+)

@@ -1,0 +1,43 @@
+"""ds_engine.CONFIG_FIELDS is exactly what the engine's own code reads from the typed config."""
+
+from __future__ import annotations
+
+import ds_config
+import ds_engine
+import pytest
+import torch
+from ds_config.testing import ConfigReads
+from ds_engine import _initialize
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 1))
+
+
+@pytest.fixture
+def reads(monkeypatch) -> ConfigReads:
+    """Every config initialize() loads is a recording copy."""
+    recorder = ConfigReads()
+    real = ds_config.load_config
+    monkeypatch.setattr(_initialize, "load_config", lambda *a, **kw: recorder.wrap(real(*a, **kw)))
+    return recorder
+
+
+def test_config_fields_match_what_the_engine_reads(reads, tmp_path):
+    base = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    zero_offload = {"stage": 1, "offload_optimizer": {"device": "cpu"}}
+    for extra in (
+        {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}},
+        {"fp16": {"enabled": True}},
+        {"zero_optimization": zero_offload},
+    ):
+        engine, *_ = ds_engine.initialize(
+            model=_net(), config={**base, **extra}, training_data=[torch.zeros(4)] * 4
+        )
+        loss = engine(torch.ones(2, 4, dtype=engine.parts.dtype)).float().sum()
+        engine.backward(loss)
+        engine.step()
+        engine.save_checkpoint(tmp_path, tag="t")
+        engine.load_checkpoint(tmp_path, tag="t")
+    reads.check("ds_engine", ds_engine.CONFIG_FIELDS)
