@@ -42,7 +42,7 @@ class GatheredParameters:
                 p.data = full_value(p).clone()
         for manager, slots in self._managed():
             for s in slots:
-                s.fwd_users += 1  # keeps them whole until __exit__
+                s.pins += 1  # keeps them whole until __exit__
             manager.gather(slots)
 
     def __exit__(self, *exc: object) -> None:
@@ -62,9 +62,9 @@ class GatheredParameters:
                     if self.modifier_rank is not None:
                         self._broadcast(s.param.data, manager.process_group)
                         manager.write_back(s, s.param.data)
-                    s.fwd_users -= 1
+                    s.pins -= 1
             if self.modifier_rank is None:
-                manager.refresh_persistent()  # discard changes to whole parameters too
+                manager.refresh_whole()  # discard changes to whole parameters too
             manager.release(slots)
 
     def _broadcast(self, t: torch.Tensor, group: object) -> None:

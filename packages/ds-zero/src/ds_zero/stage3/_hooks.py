@@ -73,9 +73,13 @@ class GatherHooks:
         self.params.release([slot])
 
     def end_backward(self) -> None:
-        """Release every parameter still held for a backward that is over."""
+        """Release every parameter still held for a backward that is over.
+
+        Forward counts are reset too: non-reentrant activation checkpointing stops its recomputation
+        early, inside a module's forward, so that module's forward hook never runs.
+        """
         for s in self.params.slots.values():
-            s.bwd_hold = False
+            s.bwd_hold, s.fwd_users = False, 0
         self.params.release(self.params.slots.values())
 
     def remove(self) -> None:

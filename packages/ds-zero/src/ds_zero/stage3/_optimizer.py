@@ -147,7 +147,7 @@ class ZeroStage3Optimizer:
             for part, master in zip(self.params.parts, self.masters):
                 if part.data_ptr() != master.data_ptr():
                     part.copy_(master)
-        self.params.refresh_persistent()
+        self.params.refresh_whole()
         if self.scaler is not None:
             self.scaler.update_scale(False)
         self.zero_grad()
@@ -191,7 +191,7 @@ class ZeroStage3Optimizer:
             for part, master in zip(self.params.parts, self.masters):
                 if part.data_ptr() != master.data_ptr():
                     part.copy_(master)
-        self.params.refresh_persistent()
+        self.params.refresh_whole()
         loss_scaler = meta.get("extra", {}).get("loss_scaler")
         if self.scaler is not None and loss_scaler is not None:
             self.scaler.load_state_dict(loss_scaler)

@@ -38,6 +38,7 @@ class ParamSlot:
     shape: torch.Size
     persistent: bool  # at most stage3_param_persistence_threshold elements: stays whole on every rank
     fwd_users: int = 0  # modules in whose forward the parameter currently is
+    pins: int = 0  # open GatheredParameters blocks holding it whole
     bwd_hold: bool = False  # backward reached its module and its gradient has not arrived yet
     gathered: bool = False
 
@@ -71,6 +72,7 @@ class PartitionedParams:
         self.slots: dict[int, ParamSlot] = {}  # id(param) -> slot
         self.on_write: Callable[[int, int, int], None] | None = None
         self.gather_calls = 0  # collectives issued to gather parameters (observed by the tests)
+        self.gathered_numel = 0  # elements those collectives carried
         self.live_numel = 0  # elements of non-persistent parameters now held whole
         self.peak_live_numel = 0
         for g, params in enumerate(groups):
@@ -180,6 +182,7 @@ class PartitionedParams:
             return buf, []
         pg = self.process_group
         self.gather_calls += len(runs)
+        self.gathered_numel += offset
         works = [
             dist.broadcast(buf[b0:b1], src=global_rank(pg, r), group=pg, async_op=True)
             for r, (b0, b1) in sorted(runs.items())
@@ -189,17 +192,26 @@ class PartitionedParams:
     def release(self, slots: Iterable[ParamSlot]) -> None:
         """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
         for s in slots:
-            if s.gathered and not s.persistent and s.fwd_users == 0 and not s.bwd_hold:
+            if s.gathered and not s.persistent and s.fwd_users == 0 and not s.bwd_hold and s.pins == 0:
                 s.param.data = torch.empty(0, dtype=s.param.dtype, device=s.param.device)
                 s.gathered = False
                 self.live_numel -= s.numel
 
-    def refresh_persistent(self) -> None:
-        """After a step, re-gather the persistent parameters (their owners updated the partitions)."""
-        persistent = [s for s in self.slots.values() if s.persistent]
-        for s in persistent:
+    def refresh_whole(self) -> None:
+        """After the partitions changed (a step, a load): re-gather what must stay whole, release the rest.
+
+        Persistent and pinned parameters are gathered anew; any other whole parameter is stale, so its
+        forward/backward holds are dropped (no forward or backward is running between steps).
+        """
+        whole = [s for s in self.slots.values() if s.persistent or s.pins > 0]
+        for s in self.slots.values():
+            s.fwd_users, s.bwd_hold = 0, False
+        self.release(self.slots.values())
+        for s in whole:
+            if s.gathered and not s.persistent:
+                self.live_numel -= s.numel
             s.gathered = False
-        self.gather(persistent)
+        self.gather(whole)
 
     def write_back(self, slot: ParamSlot, full: torch.Tensor) -> None:
         """Copy this rank's part of the full value ``full`` into its partition (and tell ``on_write``)."""
