@@ -154,3 +154,16 @@ def test_resume_at_another_stage_and_world_size(tmp_path, ws, saved, resumed):
     )
     err = _max_rel(_losses(after)[other], _losses(full)[name][3:])
     assert err <= 1e-5, f"{name} at {ws} ranks -> {other} at 2 ranks: {err:.2e}"
+
+
+def test_stage3_zero_init_model_checkpoint_export_and_16bit_weights(tmp_path, ws):
+    out = tmp_path / "stage3.json"
+    launch("engine_stage3.py", str(out), str(tmp_path / "ckpt"))
+    result = json.loads(out.read_text())
+    assert result["held_after_init"] == 0, "a parameter stayed whole on a rank after zero.Init"
+    assert result["cut"] == result["normal"], (
+        "a zero.Init model must train exactly like the same model built whole"
+    )
+    assert result["export_error"] == 0.0, "the exported fp32 weights differ from the fp32 masters"
+    assert result["export_names"] == ["0.weight", "2.bias", "2.weight", "4.bias", "4.weight"]
+    assert set(result["sixteen_bit"].values()) == {"torch.bfloat16"}

@@ -16,6 +16,8 @@ from ds_config import DSConfig
 from ds_launch import Topology
 from torch import nn
 
+from ds_engine.zero import check_partitioned_model
+
 logger = logging.getLogger("ds_engine")
 
 
@@ -59,6 +61,7 @@ def assemble(
     mp_group = _model_parallel_group(mpu)
 
     # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
+    check_partitioned_model(model, cfg.zero_optimization.stage)
     dtype = model_dtype(cfg)
     model.to(device=topology.device, dtype=dtype)
     _broadcast_parameters(model, dp_group)

@@ -132,8 +132,9 @@ class GradScheduler:
         ps, pe = layout.partition_range(self.params.rank)
         lo, hi = max(b.start, ps), min(b.end, pe)
         if lo < hi:
-            self.grad_parts[b.group][lo - ps : hi - ps].add_(
-                b.buf[lo - b.start : hi - b.start], alpha=self.rule.after_factor()
+            target = self.grad_parts[b.group]  # in CPU memory with offload_param
+            target[lo - ps : hi - ps].add_(
+                b.buf[lo - b.start : hi - b.start].to(target.device), alpha=self.rule.after_factor()
             )
         self._inflight.remove(b)
         b.buf, b.works = None, []

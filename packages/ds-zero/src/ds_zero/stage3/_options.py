@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 from ds_config import ZeroConfig
@@ -24,6 +25,16 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
 )
 
 
+# keys accepted with no effect yet: ds gathers a module's parameters just before it runs and releases
+# them right after, so the live set is one module already; these change memory and speed, never results
+_NO_EFFECT_YET = {
+    "stage3_prefetch_bucket_size": 50_000_000,
+    "stage3_max_live_parameters": 1_000_000_000,
+    "stage3_max_reuse_distance": 1_000_000_000,
+    "sub_group_size": 1_000_000_000,
+}
+
+
 @dataclass(frozen=True)
 class Stage3Options:
     """What stage 3 does with the ``zero_optimization`` section; the defaults are DeepSpeed 0.19's."""
@@ -44,6 +55,14 @@ class Stage3Options:
             if device == "nvme":
                 raise ZeroConfigError(
                     f"zero_optimization.{key}.device 'nvme' is not supported by ds; use 'cpu' or 'none'"
+                )
+        for key, default in _NO_EFFECT_YET.items():
+            if getattr(zero, key) != default:
+                warnings.warn(
+                    f"zero_optimization.{key} = {getattr(zero, key)} has no effect in ds stage 3 yet: each "
+                    "module's parameters are gathered just before it runs and released right after (no "
+                    "prefetch, no reuse cache, one optimizer step over the partition); training is unchanged",
+                    stacklevel=2,
                 )
         return cls(
             reduce_bucket_size=int(zero.reduce_bucket_size),
