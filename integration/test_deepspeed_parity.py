@@ -48,22 +48,13 @@ def test_loss_curve_matches_deepspeed(fixture: Path, ds_script: Path, tmp_path: 
     config = tmp_path / "ds_config.json"
     config.write_text(json.dumps(recorded["config"]))
     out = tmp_path / "losses.json"
-    launch(
-        str(ds_script),
-        "--deepspeed_config",
-        str(config),
-        "--out",
-        str(out),
-        "--steps",
-        str(len(recorded["losses"])),
-    )
+    launch(str(ds_script), "--deepspeed_config", str(config), "--out", str(out),
+           "--steps", str(len(recorded["losses"])))
     ours = json.loads(out.read_text())["losses"]
     theirs = recorded["losses"]
     assert len(ours) == len(theirs) == 20
     worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-    assert worst <= 1e-4, (
-        f"{fixture.stem}: max relative difference {worst:.2e}\nds:        {ours}\ndeepspeed: {theirs}"
-    )
+    assert worst <= 1e-4, f"{fixture.stem}: max relative difference {worst:.2e}\nds:        {ours}\ndeepspeed: {theirs}"
     assert theirs[-1] < theirs[0], "the recorded run should learn"
 
 
