@@ -132,11 +132,6 @@ def _stage3(
     mp_group: Any,
 ) -> ds_zero.ZeroStage3Optimizer:
     """Stage 3 also partitions the model itself, so it takes the module (its hooks gather the weights)."""
-    if mp_group is not None:
-        raise ValueError(
-            "ZeRO stage 3 with model parallelism (an mpu with more than one model-parallel rank) is not "
-            "supported yet; use zero_optimization.stage 2 with the mpu"
-        )
     return ds_zero.ZeroStage3Optimizer.from_config(
         model,
         basic,
@@ -146,6 +141,7 @@ def _stage3(
         clip_grad=cfg.gradient_clipping,
         rule=ds_zero.AveragingRule(dp, cfg.prescale_gradients, cfg.gradient_predivide_factor),
         param_names=names,
+        model_parallel_group=mp_group,
         grad_accum_dtype=_grad_accum_dtype(cfg),
         allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
     )

@@ -47,6 +47,7 @@ class ZeroStage3Optimizer:
         clip_grad: float = 0.0,
         rule: AveragingRule | None = None,
         param_names: dict[int, str] | None = None,
+        model_parallel_group: ProcessGroup | None = None,
         grad_accum_dtype: torch.dtype | None = None,
         allow_untested_optimizer: bool = False,
     ) -> None:
@@ -94,6 +95,9 @@ class ZeroStage3Optimizer:
             overlap_comm=options.overlap_comm,
         )
         self.hooks = GatherHooks(module, self.params, self.grads.add)
+        # with model parallelism the norm also sums over the model-parallel group (spec section 5)
+        self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
+        self._norm_ranges = self._model_parallel_norm_ranges()
 
     @classmethod
     def from_config(
@@ -156,11 +160,30 @@ class ZeroStage3Optimizer:
     def _global_norm_sq(self) -> float:
         """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan): one all-reduce."""
         local = torch.zeros(2, dtype=torch.float64)
-        for grad in self.grad_parts:
-            local[0] += grad.double().pow(2).sum().cpu()
-            local[1] += float((~torch.isfinite(grad)).any())
+        for grad, ranges in zip(self.grad_parts, self._norm_ranges):
+            for lo, hi in ranges if ranges is not None else [(0, grad.numel())]:
+                local[0] += grad[lo:hi].double().pow(2).sum().cpu()
+            local[1] += float((~torch.isfinite(grad)).any())  # every element counts for overflow
         dist.all_reduce(local, group=self.process_group)
+        if self.mp_group is not None:
+            dist.all_reduce(local, group=self.mp_group)
         return math.inf if local[1] > 0 or not math.isfinite(float(local[0])) else float(local[0])
+
+    def _model_parallel_norm_ranges(self) -> list[list[tuple[int, int]] | None]:
+        """Per group, the partition ranges counted in the norm (None: all of it).
+
+        A parameter replicated across model-parallel ranks counts on model-parallel rank 0 only; one
+        marked ``model_parallel`` or ``tensor_model_parallel`` (a shard) counts on every rank.
+        """
+        if self.mp_group is None or group_rank(self.mp_group) == 0:
+            return [None] * len(self.grad_parts)
+        out: list[list[tuple[int, int]] | None] = [[] for _ in self.grad_parts]
+        for s in self.params.slots.values():
+            if getattr(s.param, "model_parallel", False) or getattr(s.param, "tensor_model_parallel", False):
+                ps, pe = self.params.layouts[s.group].partition_range(self.rank)
+                if s.start < pe and s.end > ps:
+                    out[s.group].append((max(s.start, ps) - ps, min(s.end, pe) - ps))
+        return out
 
     def _copy_into_master(self, g: int, lo: int, hi: int) -> None:
         master, part = self.masters[g], self.params.parts[g]
