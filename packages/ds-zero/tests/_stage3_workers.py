@@ -7,7 +7,7 @@ import copy
 import torch
 import torch.utils.checkpoint as ckpt
 from ds_zero import GatheredParameters, PartitionOnConstruction, ZeroStage3Optimizer
-from ds_zero.stage3 import Stage3Options
+from ds_zero.stage3 import Stage3Options, register_external_parameter
 from torch import nn
 
 VOCAB, WIDTH, MB = 13, 8, 2  # MB: samples per rank per micro-step
@@ -222,6 +222,44 @@ def fp16_overflow(rank: int, world: int) -> dict:
     }
 
 
+class ExternalUse(nn.Module):
+    """The root multiplies by the embedding's weight itself: a parameter used outside its module."""
+
+    def __init__(self, register: bool) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        if register:
+            register_external_parameter(self, self.emb.weight)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.emb(idx) @ self.emb.weight.t()  # (B, T, VOCAB)
+
+
+def external_parameter(rank: int, world: int) -> dict:
+    """Without registration the released weight fails loudly; registered, it trains like plain torch."""
+    out = {}
+    for register in (False, True):
+        torch.manual_seed(0)
+        model = ExternalUse(register)
+        ref = copy.deepcopy(model)
+        zero = ZeroStage3Optimizer(
+            model, torch.optim.SGD(model.parameters(), lr=0.1), Stage3Options(param_persistence_threshold=0)
+        )
+        x, y = batch(0, world)
+        mine = slice(rank * MB, (rank + 1) * MB)
+        try:
+            zero.backward(loss_of(model, x[mine], y[mine]))
+        except RuntimeError as e:
+            out[f"register={register}"] = f"error: {str(e)[:60]}"
+            zero.hooks.end_backward()
+            continue
+        zero.step()
+        loss_of(ref, x, y).backward()
+        torch.optim.SGD(ref.parameters(), lr=0.1).step()
+        out[f"register={register}"] = max_error(zero.module_state_dict(), ref.state_dict())
+    return out
+
+
 def world_main(rank: int, world: int) -> dict:
     return {
         "parity": parity(rank, world),
@@ -232,4 +270,5 @@ def world_main(rank: int, world: int) -> dict:
         "gathered": gathered_modify(rank, world),
         "construct": construct_partitioned(rank, world),
         "fp16": fp16_overflow(rank, world),
+        "external": external_parameter(rank, world),
     }

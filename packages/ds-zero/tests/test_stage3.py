@@ -111,6 +111,14 @@ def test_fp16_overflow_on_one_rank_skips_everywhere(world):
         assert f["scale"] == 512.0 and f["updates"] == [True, False]
 
 
+def test_parameter_used_outside_its_module_needs_registration(world):
+    _, results = world
+    for r in results:
+        e = r["external"]
+        assert str(e["register=False"]).startswith("error"), "a released weight must never be used silently"
+        assert e["register=True"] < FP32_TOL
+
+
 def test_untested_optimizer_is_rejected_with_the_key_to_set():
     import torch.distributed as dist
     from rank_testing import free_port

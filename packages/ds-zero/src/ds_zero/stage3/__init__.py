@@ -6,6 +6,7 @@ model as it is built; ``GatheredParameters`` makes parameters whole for a block.
 
 from ._construct import PartitionOnConstruction
 from ._gathered import GatheredParameters
+from ._hooks import register_external_parameter
 from ._optimizer import ZeroStage3Optimizer
 from ._options import CONFIG_FIELDS_STAGE3, Stage3Options
 
@@ -15,4 +16,5 @@ __all__ = [
     "PartitionOnConstruction",
     "Stage3Options",
     "ZeroStage3Optimizer",
+    "register_external_parameter",
 ]

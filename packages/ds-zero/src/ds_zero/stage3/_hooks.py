@@ -20,7 +20,18 @@ from torch import nn
 
 from ._partition import ParamSlot, PartitionedParams
 
-__all__ = ["GatherHooks"]
+__all__ = ["GatherHooks", "register_external_parameter"]
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Gather ``parameter`` for ``module``'s forward and backward too (DeepSpeed's name and meaning).
+
+    For a parameter that ``module``'s forward uses although another module registers it (a parent
+    computing ``x @ self.embedding.weight.t()``). Call it before the stage-3 optimizer is built.
+    """
+    external = module.__dict__.setdefault("_ds_external_params", [])
+    if not any(p is parameter for p in external):
+        external.append(parameter)
 
 
 class GatherHooks:
@@ -37,7 +48,8 @@ class GatherHooks:
         self.on_grad = on_grad
         self._handles: list[Any] = []
         for m in module.modules():
-            slots = params.slots_of(m._parameters.values())
+            # its own parameters, and those it uses but another module registers (register_external_parameter)
+            slots = params.slots_of([*m._parameters.values(), *getattr(m, "_ds_external_params", ())])
             if slots:
                 self._handles.append(m.register_forward_pre_hook(partial(self._pre_forward, slots)))
                 self._handles.append(m.register_forward_hook(partial(self._post_forward, slots)))
