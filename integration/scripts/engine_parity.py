@@ -50,6 +50,12 @@ def configs() -> dict[str, dict]:
         **persist,
         "zero_optimization": {"stage": 3, "reduce_bucket_size": 200},
     }
+    # stage 3 with the fp32 masters, Adam state and parameter partitions in CPU memory
+    offload = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    out["stage3-fp32-gas1-offload"] = {
+        **persist,
+        "zero_optimization": {**persist["zero_optimization"], **offload},
+    }
     # two options that change how gradients travel, not what they are
     overlap = out["stage1-fp32-gas4"]
     out["stage1-fp32-gas4-overlap"] = {
