@@ -21,6 +21,8 @@ from ._state import load_sharded, sharded_state
 __all__ = ["ZeroStage3Optimizer"]
 
 # Optimizers whose update is element-wise, so stepping a flat slice equals stepping whole tensors.
+_NORM_CHUNK = 1 << 20  # elements per float64 chunk of the norm
+
 _ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "Adagrad", "CPUAdam", "DeepSpeedCPUAdam", "FusedAdam"})
 
 
@@ -161,9 +163,12 @@ class ZeroStage3Optimizer:
         """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan): one all-reduce."""
         local = torch.zeros(2, dtype=torch.float64)
         for grad, ranges in zip(self.grad_parts, self._norm_ranges):
+            # in chunks: a float64 copy of a whole partition would be the largest allocation of the step
             for lo, hi in ranges if ranges is not None else [(0, grad.numel())]:
-                local[0] += grad[lo:hi].double().pow(2).sum().cpu()
-            local[1] += float((~torch.isfinite(grad)).any())  # every element counts for overflow
+                for c in range(lo, hi, _NORM_CHUNK):
+                    local[0] += grad[c : min(hi, c + _NORM_CHUNK)].double().pow(2).sum().cpu()
+            for c in range(0, grad.numel(), _NORM_CHUNK):  # every element counts for overflow
+                local[1] += float((~torch.isfinite(grad[c : c + _NORM_CHUNK])).any())
         dist.all_reduce(local, group=self.process_group)
         if self.mp_group is not None:
             dist.all_reduce(local, group=self.mp_group)
