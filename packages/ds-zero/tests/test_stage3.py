@@ -128,3 +128,24 @@ def test_untested_optimizer_is_rejected_with_the_key_to_set():
     model = w.Net()
     with pytest.raises(ZeroConfigError, match="zero_allow_untested_optimizer"):
         ZeroStage3Optimizer(model, torch.optim.LBFGS(model.parameters()), Stage3Options())
+
+
+def test_options_from_config_read_the_keys_and_say_what_has_no_effect():
+    from ds_config import ZeroConfig
+
+    opts = Stage3Options.from_config(
+        ZeroConfig(
+            stage=3,
+            stage3_param_persistence_threshold=7,
+            reduce_bucket_size=99,
+            overlap_comm=True,
+            stage3_gather_fp16_weights_on_model_save=True,
+            offload_param={"device": "cpu"},
+        )  # fmt: skip
+    )
+    assert (opts.param_persistence_threshold, opts.reduce_bucket_size, opts.overlap_comm) == (7, 99, True)
+    assert opts.gather_16bit_weights_on_model_save and opts.offload_param and not opts.offload_optimizer
+    with pytest.warns(UserWarning, match="sub_group_size = 10 has no effect"):
+        Stage3Options.from_config(ZeroConfig(stage=3, sub_group_size=10))
+    with pytest.raises(ZeroConfigError, match="offload_param.device 'nvme'"):
+        Stage3Options.from_config(ZeroConfig(stage=3, offload_param={"device": "nvme"}))
