@@ -19,8 +19,8 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_optimization.stage3_param_persistence_threshold",
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
-    "zero_optimization.offload_optimizer",
-    "zero_optimization.offload_param",
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_param.device",
     "zero_optimization.cpu_offload",
 )
 
