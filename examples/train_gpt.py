@@ -381,16 +381,19 @@ class Trainer:
 
     def finish(self, metrics: dict[str, Any]) -> None:
         """Rank 0: the PNG, metrics.json, a generated sample and the summary."""
+        # every rank samples (same seed, same weights, same bytes): at ZeRO stage 3 a forward is collective
+        text = None
+        if self.args.sample_bytes > 0:
+            text = sample_text(
+                self.model, self.args.prompt, self.args.sample_bytes, self.device, self.args.seed
+            )
         if self.rank != 0:
             return
         out = self.args.out
         png = out / "loss_curve.png"
         plot_losses(self.history, self.baseline, png)
         val = metrics["final_val_loss_nats"]
-        if self.args.sample_bytes > 0:
-            text = sample_text(
-                self.model, self.args.prompt, self.args.sample_bytes, self.device, self.args.seed
-            )
+        if text is not None:
             print(
                 f"\n--- sample (temperature 0.8, top-k 40, prompt {self.args.prompt!r}) ---\n{text}\n---",
                 flush=True,

@@ -19,6 +19,7 @@ SCRIPT = HERE / "scripts" / "engine_parity.py"
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 3e-3}
 # between stages / accumulation settings of the same precision, at the same world size
 SAME_PRECISION_TOLERANCE = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}  # bf16 eps is 7.8e-3
+N_CONFIGS = 29  # stages 0-3 x 3 precisions x 2 accumulations, + 5 variants
 
 
 def _losses(path: Path) -> dict[str, list[float]]:
@@ -52,7 +53,7 @@ def engine_losses(engine_run) -> dict[str, list[float]]:
 def test_every_config_keeps_every_rank_s_weights_identical(engine_run):
     # a gradient that escaped the data-parallel average would make the replicas drift apart
     drifted = {name: gap for name, gap in engine_run["replica_divergence"].items() if gap != 0.0}
-    assert len(engine_run["replica_divergence"]) == 21
+    assert len(engine_run["replica_divergence"]) == N_CONFIGS
     assert not drifted, f"ranks hold different weights after training: {drifted}"
 
 
@@ -62,7 +63,7 @@ def test_reference_learns(reference):
 
 
 def test_every_config_matches_single_process_torch(engine_losses, reference):
-    assert len(engine_losses) == 21
+    assert len(engine_losses) == N_CONFIGS
     fp32_ref = reference["stage0-fp32-gas1"]
     failures = []
     for name, losses in engine_losses.items():
@@ -77,7 +78,7 @@ def test_stages_and_accumulation_agree(engine_losses):
     failures = []
     for precision, tol in SAME_PRECISION_TOLERANCE.items():
         base = engine_losses[f"stage0-{precision}-gas1"]
-        for stage in (0, 1, 2):
+        for stage in (0, 1, 2, 3):
             for gas in (1, 4):
                 name = f"stage{stage}-{precision}-gas{gas}"
                 err = _max_rel(engine_losses[name], base)
@@ -87,10 +88,22 @@ def test_stages_and_accumulation_agree(engine_losses):
     err = _max_rel(engine_losses["stage1-fp32-gas4-overlap"], engine_losses["stage1-fp32-gas4"])
     if err > SAME_PRECISION_TOLERANCE["fp32"]:
         failures.append(f"stage1-fp32-gas4-overlap vs stage1-fp32-gas4: {err:.2e}")
+    # stage 3 keeping small parameters whole (the persistence threshold) changes placement only
+    for variant in ("persist", "offload"):  # placement only: what stays whole, what lives in CPU memory
+        err = _max_rel(engine_losses[f"stage3-fp32-gas1-{variant}"], engine_losses["stage3-fp32-gas1"])
+        if err > SAME_PRECISION_TOLERANCE["fp32"]:
+            failures.append(f"stage3-fp32-gas1-{variant} vs stage3-fp32-gas1: {err:.2e}")
     assert not failures, "\n".join(failures)
 
 
-RESUME_CONFIGS = ["stage0-fp32-gas1", "stage1-fp32-gas4", "stage2-fp32-gas1", "stage2-bf16-gas4"]
+RESUME_CONFIGS = [
+    "stage0-fp32-gas1",
+    "stage1-fp32-gas4",
+    "stage2-fp32-gas1",
+    "stage2-bf16-gas4",
+    "stage3-fp32-gas1",
+    "stage3-bf16-gas4",
+]
 
 
 def test_save_at_two_ranks_resume_at_this_world_size(tmp_path, ws):
@@ -116,3 +129,42 @@ def test_save_at_two_ranks_resume_at_this_world_size(tmp_path, ws):
         tol = 1e-5 if "fp32" in name else 1e-3
         err = _max_rel(after[name], uninterrupted[name][3:])
         assert err <= tol, f"{name} resumed at {ws} ranks: {after[name]} vs {uninterrupted[name][3:]}"
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [("stage3", "stage2"), ("stage2", "stage3")])
+def test_resume_at_another_stage_and_world_size(tmp_path, ws, saved, resumed):
+    # saved at this world size, resumed at 2 ranks (4 -> 2 in the 4-rank session) under the other stage
+    name, other = f"{saved}-fp32-gas1", f"{resumed}-fp32-gas1"
+    full = tmp_path / "full.json"
+    launch("engine_parity.py", str(full), "--only", name, "--save", str(tmp_path / "ckpt"), "--save-at", "3")
+    after = tmp_path / "after.json"
+    launch(
+        "engine_parity.py",
+        str(after),
+        "--only",
+        other,
+        "--load",
+        str(tmp_path / "ckpt"),
+        "--load-name",
+        name,
+        "--start",
+        "3",
+        "--steps",
+        "3",
+        num_procs=2,
+    )
+    err = _max_rel(_losses(after)[other], _losses(full)[name][3:])
+    assert err <= 1e-5, f"{name} at {ws} ranks -> {other} at 2 ranks: {err:.2e}"
+
+
+def test_stage3_zero_init_model_checkpoint_export_and_16bit_weights(tmp_path, ws):
+    out = tmp_path / "stage3.json"
+    launch("engine_stage3.py", str(out), str(tmp_path / "ckpt"))
+    result = json.loads(out.read_text())
+    assert result["held_after_init"] == 0, "a parameter stayed whole on a rank after zero.Init"
+    assert result["cut"] == result["normal"], (
+        "a zero.Init model must train exactly like the same model built whole"
+    )
+    assert result["export_error"] == 0.0, "the exported fp32 weights differ from the fp32 masters"
+    assert result["export_names"] == ["0.weight", "2.bias", "2.weight", "4.bias", "4.weight"]
+    assert set(result["sixteen_bit"].values()) == {"torch.bfloat16"}

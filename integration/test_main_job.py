@@ -65,6 +65,20 @@ def test_short_run_learns_checkpoints_and_resumes(tmp_path: Path, ws: int) -> No
     assert (ckpts / "latest").read_text().strip() == "global_step40"
 
 
+def test_main_job_at_zero_stage3_learns_and_resumes_at_another_world_size(tmp_path: Path, ws: int) -> None:
+    config = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt_zero3.json"
+    out = tmp_path / "run"
+    args = [*SHORT_RUN, "--config", str(config), "--out", str(out)]
+    launch("main_train_gpt.py", *args, "--steps", "20", num_procs=ws)
+    curve = read_json(out / "metrics.json")["train_curve"]
+    assert _mean(curve[-5:]) < _mean(curve[:5]) - 0.5, curve
+    resume_ws = 1 if ws > 1 else 2
+    launch("main_train_gpt.py", *args, "--steps", "25", "--resume", num_procs=resume_ws)
+    r = read_json(out / "metrics.json")
+    assert (r["start_step"], r["final_step"], r["world_size"]) == (20, 25, resume_ws)
+    assert abs(r["first_train_loss"] - _mean(curve[-5:])) < 0.3, (r["first_train_loss"], curve[-5:])
+
+
 def test_data_stream_is_the_same_at_any_world_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """What ranks 0..W-1 take at one step is what a single rank takes over the same windows."""
     import importlib.util

@@ -27,7 +27,7 @@ PRECISIONS = {
 
 def configs() -> dict[str, dict]:
     out = {}
-    for stage, prec, gas in itertools.product((0, 1, 2), PRECISIONS, (1, 4)):
+    for stage, prec, gas in itertools.product((0, 1, 2, 3), PRECISIONS, (1, 4)):
         cfg = {
             "train_batch_size": GLOBAL_BATCH,
             "gradient_accumulation_steps": gas,
@@ -41,7 +41,21 @@ def configs() -> dict[str, dict]:
             "zero_optimization": {"stage": stage, "reduce_bucket_size": 200, "allgather_bucket_size": 300},
             **PRECISIONS[prec],
         }
+        if stage == 3:  # partition every parameter of this small model (the default keeps < 1e5 whole)
+            cfg["zero_optimization"]["stage3_param_persistence_threshold"] = 0
         out[f"stage{stage}-{prec}-gas{gas}"] = cfg
+    # stage 3 with DeepSpeed's persistence threshold: every parameter here stays whole
+    persist = out["stage3-fp32-gas1"]
+    out["stage3-fp32-gas1-persist"] = {
+        **persist,
+        "zero_optimization": {"stage": 3, "reduce_bucket_size": 200},
+    }
+    # stage 3 with the fp32 masters, Adam state and parameter partitions in CPU memory
+    offload = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    out["stage3-fp32-gas1-offload"] = {
+        **persist,
+        "zero_optimization": {**persist["zero_optimization"], **offload},
+    }
     # two options that change how gradients travel, not what they are
     overlap = out["stage1-fp32-gas4"]
     out["stage1-fp32-gas4-overlap"] = {
@@ -95,12 +109,17 @@ def run(cfg: dict, steps: range, save: str | None, save_at: int | None, load: st
         losses.append(total.item() / world)
         if save and save_at == step + 1:
             engine.save_checkpoint(save, tag=f"step{step + 1}")
-    return losses, replica_divergence(engine.module)
+    return losses, replica_divergence(engine)
 
 
-def replica_divergence(module: torch.nn.Module) -> float:
-    """Largest difference between this rank's weights and rank 0's: data parallelism keeps them equal."""
-    mine = torch.cat([p.detach().double().reshape(-1) for p in module.parameters()])
+def replica_divergence(engine: ds_engine.DeepSpeedEngine) -> float:
+    """Largest difference between this rank's weights and rank 0's: data parallelism keeps them equal.
+
+    At stage 3 the weights are the consolidated ones (each rank gathers them from the partitions).
+    """
+    gathered = getattr(engine.optimizer, "module_state_dict", None)
+    params = gathered().values() if gathered is not None else engine.module.parameters()
+    mine = torch.cat([p.detach().double().reshape(-1) for p in params])
     theirs = mine.clone()
     dist.broadcast(theirs, src=0)
     gap = (mine - theirs).abs().max()
@@ -144,6 +163,7 @@ def main() -> None:
     parser.add_argument("--save")
     parser.add_argument("--save-at", type=int)
     parser.add_argument("--load")
+    parser.add_argument("--load-name", help="load the checkpoint saved under this config (another stage)")
     parser.add_argument("--reference", action="store_true", help="plain torch, one process, fp32 configs")
     parser.add_argument("--local_rank", type=int, default=-1)
     args = parser.parse_args()
@@ -160,7 +180,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         save = f"{args.save}/{name}" if args.save else None
-        load = f"{args.load}/{name}" if args.load else None
+        load = f"{args.load}/{args.load_name or name}" if args.load else None
         results[name], divergence[name] = run(
             cfg, range(args.start, args.start + args.steps), save, args.save_at, load
         )

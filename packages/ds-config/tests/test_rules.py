@@ -27,14 +27,20 @@ RULES = [
                  "zero_optimization.stage = 2", id="amp+zero"),
     pytest.param({"sparse_gradients": True, "amp": {"enabled": True}}, "sparse_gradients",
                  "cannot be combined with amp", id="sparse_gradients+amp"),
-    pytest.param({"zero_optimization": {"stage": 3}}, "zero_optimization.stage", "use stage 2", id="stage3"),
-    pytest.param({"zero_optimization": {"stage": 4}}, "zero_optimization.stage", "<= 2", id="stage4"),
+    pytest.param({"zero_optimization": {"stage": 4}}, "zero_optimization.stage", "<= 3", id="stage4"),
+    pytest.param({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}, **ADAM},
+                 "zero_optimization.offload_param.device", "stage 3", id="offload_param-stage2"),
+    pytest.param({"zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}, **ADAM},
+                 "zero_optimization.offload_param.device", "NVMe", id="offload_param-nvme"),
+    pytest.param({"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True,
+                                        "stage3_gather_fp16_weights_on_model_save": True}, **ADAM},
+                 "zero_optimization", "deprecated", id="gather16+gatherfp16"),
     pytest.param({"zero_optimization": {"stage": -1}}, "zero_optimization.stage", ">= 0", id="stage-negative"),
     pytest.param({"zero_optimization": {"stage": 2, "cpu_offload": True, "offload_optimizer": {"device": "cpu"}}},
                  "zero_optimization", "'zero_optimization.cpu_offload' and its replacement", id="cpu_offload+offload"),
     pytest.param({"zero_optimization": {"stage": 0, "offload_optimizer": {"device": "cpu"}}},
-                 "zero_optimization.offload_optimizer.device", "stage 1 or 2", id="offload-stage0"),
-    pytest.param({"zero_optimization": {"cpu_offload": True}}, "zero_optimization.cpu_offload", "stage 1 or 2",
+                 "zero_optimization.offload_optimizer.device", "stage 1, 2 or 3", id="offload-stage0"),
+    pytest.param({"zero_optimization": {"cpu_offload": True}}, "zero_optimization.cpu_offload", "stage 1, 2 or 3",
                  id="cpu_offload-stage0"),
     pytest.param({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "nvme"}}, **ADAM},
                  "zero_optimization.offload_optimizer.device", "NVMe", id="offload-nvme"),
@@ -189,3 +195,20 @@ def test_batch_sizes_checked_even_when_a_section_is_invalid():
     error = _problems({"train_micro_batch_size_per_gpu": 3.0, "fp16": {"enabled": "yes"}})
     assert error.paths == ["fp16.enabled", "train_batch_size"]
     assert "8 != 3 * 2 * 1" in str(error)
+
+
+def test_stage3_keys_load_with_deepspeed_defaults():
+    cfg = load_config({"train_batch_size": 8, "zero_optimization": {"stage": 3}, **ADAM})
+    zero = cfg.zero_optimization
+    assert zero.stage == 3
+    assert zero.stage3_prefetch_bucket_size == 50_000_000
+    assert zero.stage3_param_persistence_threshold == 100_000
+    assert zero.stage3_max_live_parameters == 1_000_000_000
+    assert zero.stage3_max_reuse_distance == 1_000_000_000
+    assert zero.sub_group_size == 1_000_000_000
+    assert zero.stage3_gather_16bit_weights_on_model_save is False and zero.offload_param is None
+    old = load_config({"train_batch_size": 8, **ADAM, "zero_optimization": {
+        "stage": 3, "stage3_gather_fp16_weights_on_model_save": True, "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})  # fmt: skip
+    assert old.zero_optimization.stage3_gather_16bit_weights_on_model_save is True
+    assert old.zero_optimization.offload_param.device == "cpu"

@@ -37,6 +37,7 @@ __all__ = [
     "FP16Config",
     "FixedSparseAttentionConfig",
     "OffloadOptimizerConfig",
+    "OffloadParamConfig",
     "OptimizerConfig",
     "SchedulerConfig",
     "SparseAttentionConfig",
@@ -205,18 +206,36 @@ class OffloadOptimizerConfig(_Section):
     )
     fast_init: JsonBool = Field(False, description="NVMe fast initialisation (ZeRO-Infinity; unused by ds).")
     ratio: JsonFloat = Field(
-        1.0, gt=0, le=1, description="Fraction of the state offloaded; below 1 needs ZeRO stage 3 (rejected)."
+        1.0, gt=0, le=1, description="Fraction of the state offloaded; below 1 only with ZeRO stage 3."
+    )
+
+
+class OffloadParamConfig(_Section):
+    """``zero_optimization.offload_param``: keep ZeRO-3 parameter partitions in CPU memory (stage 3 only)."""
+
+    device: Literal["none", "cpu", "nvme"] = Field(
+        "none",
+        description="Where the parameter partitions live: 'none' (the accelerator) or 'cpu'; 'nvme' is rejected.",
+    )
+    nvme_path: str | None = Field(None, description="NVMe directory (ZeRO-Infinity; not supported by ds).")
+    buffer_count: JsonInt = Field(5, ge=1, description="NVMe swap buffers (ZeRO-Infinity; unused by ds).")
+    buffer_size: JsonInt = Field(100_000_000, ge=1, description="NVMe swap buffer elements (unused by ds).")
+    max_in_cpu: JsonInt = Field(
+        1_000_000_000, ge=0, description="NVMe: elements kept in CPU memory (unused by ds)."
+    )
+    pin_memory: JsonBool = Field(
+        False, description="Use page-locked CPU memory for the offloaded partitions."
     )
 
 
 class ZeroConfig(_Section):
-    """``zero_optimization``: ZeRO stage 1 (optimizer state) and stage 2 (+ gradient) partitioning."""
+    """``zero_optimization``: ZeRO stage 1 (optimizer state), 2 (+ gradients) and 3 (+ parameters) partitioning."""
 
     stage: JsonInt = Field(
         0,
         ge=0,
-        le=2,
-        description="0 disabled, 1 partitions optimizer state, 2 also partitions gradients (stage 3 is not supported).",
+        le=3,
+        description="0 disabled, 1 partitions optimizer state, 2 also gradients, 3 also the parameters.",
     )
     allgather_partitions: JsonBool = Field(
         True,
@@ -265,15 +284,53 @@ class ZeroConfig(_Section):
         description="Order gradients so consecutive ones belong to different ranks (stage 2 load balance).",
     )
 
-    @field_validator("stage", mode="before")
-    @classmethod
-    def _stage_three_is_not_here(cls, value: Any) -> Any:
-        if isinstance(value, int) and not isinstance(value, bool) and value == 3:
+    # ---- stage 3 (defaults as DeepSpeed 0.19)
+    offload_param: OffloadParamConfig | None = Field(
+        None,
+        description="Stage 3: keep the parameter partitions in CPU memory (see the offload_param table).",
+    )
+    stage3_prefetch_bucket_size: JsonInt = Field(
+        50_000_000,
+        ge=0,
+        description="Stage 3: elements of upcoming modules' parameters gathered ahead of use.",
+    )
+    stage3_param_persistence_threshold: JsonInt = Field(
+        100_000,
+        ge=0,
+        description="Stage 3: parameters with at most this many elements stay whole on every rank.",
+    )
+    stage3_max_live_parameters: JsonInt = Field(
+        1_000_000_000, ge=0, description="Stage 3: at most this many gathered parameter elements stay alive."
+    )
+    stage3_max_reuse_distance: JsonInt = Field(
+        1_000_000_000,
+        ge=0,
+        description="Stage 3: keep a gathered parameter if it is used again within this many elements of gathers.",
+    )
+    sub_group_size: JsonInt = Field(
+        1_000_000_000,
+        ge=1,
+        description="Stage 3: the optimizer steps the partition in sub-groups of this many elements.",
+    )
+    stage3_gather_16bit_weights_on_model_save: JsonBool = Field(
+        False,
+        description="Stage 3: save_16bit_model gathers the full 16-bit weights (else it saves nothing).",
+    )
+    stage3_gather_fp16_weights_on_model_save: JsonBool = Field(
+        False,
+        description="Deprecated spelling of stage3_gather_16bit_weights_on_model_save; do not give both.",
+    )
+
+    @model_validator(mode="after")
+    def _old_gather_fp16_name(self) -> ZeroConfig:
+        old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
+        if old in self.model_fields_set and new in self.model_fields_set:
             raise ValueError(
-                "ZeRO stage 3 is not supported by ds; use stage 2 (optimizer state and gradients partitioned), "
-                "optionally with offload_optimizer"
+                f"cannot provide deprecated 'zero_optimization.{old}' and its replacement '{new}' together"
             )
-        return value
+        if self.stage3_gather_fp16_weights_on_model_save:
+            self.stage3_gather_16bit_weights_on_model_save = True
+        return self
 
     @model_validator(mode="after")
     def _cpu_offload_to_offload_optimizer(self) -> ZeroConfig:

@@ -19,11 +19,6 @@ AUTO = "auto"
 
 # Keys DeepSpeed knows that ds deliberately does not implement, with what to do instead.
 _UNSUPPORTED: dict[str, str] = {
-    "zero_optimization.offload_param": "parameter offload needs ZeRO stage 3, which ds does not support; remove it",
-    "zero_optimization.stage3_max_live_parameters": "a ZeRO stage 3 option; ds supports stages 0-2; remove it",
-    "zero_optimization.stage3_prefetch_bucket_size": "a ZeRO stage 3 option; ds supports stages 0-2; remove it",
-    "zero_optimization.stage3_param_persistence_threshold": "a ZeRO stage 3 option; remove it",
-    "zero_optimization.stage3_gather_16bit_weights_on_model_save": "a ZeRO stage 3 option; remove it",
     "zero_optimization.legacy_stage1": "legacy stage 1 is not supported (as in DeepSpeed >= 0.5.9); remove it",
     "communication_data_type": "use fp32_allreduce: true for fp32 reductions (the gradient dtype otherwise)",
     "elasticity": "elastic batch sizing is not supported; give the batch sizes explicitly",

@@ -153,23 +153,31 @@ def lamb_needs_dynamic_scale(cfg: DSConfig) -> list[P]:
 
 # --------------------------------------------------------------------------------------------- ZeRO
 def offload_rules(cfg: DSConfig) -> list[P]:
-    """Optimizer offload (offload_optimizer.device 'cpu' or cpu_offload) needs stage 1 or 2; 'nvme' and ratio < 1 (ZeRO-3 features) are rejected."""
+    """Optimizer offload needs stage >= 1; parameter offload and partial offload need stage 3; 'nvme' is rejected."""
     zero = cfg.zero_optimization
+    problems = []
+    param = zero.offload_param
+    if param is not None and param.device == "nvme":
+        problems.append(P("zero_optimization.offload_param.device", "NVMe offload (ZeRO-Infinity) is not "
+                          "supported by ds; use 'cpu'", "nvme"))  # fmt: skip
+    if param is not None and param.device != "none" and zero.stage != 3:
+        problems.append(P("zero_optimization.offload_param.device", "parameter offload needs "
+                          f"zero_optimization.stage 3 (stage {zero.stage} keeps every parameter whole); set "
+                          "stage to 3, or remove offload_param", param.device))  # fmt: skip
     offload = zero.offload_optimizer
     if offload is None:
-        return []
+        return problems
     key = "zero_optimization.cpu_offload" if "cpu_offload" in zero.model_fields_set else (
         "zero_optimization.offload_optimizer.device")  # fmt: skip
-    problems = []
     if offload.device == "nvme":
         problems.append(P("zero_optimization.offload_optimizer.device", "NVMe offload (ZeRO-Infinity) is not "
                           "supported by ds; use 'cpu'", "nvme"))  # fmt: skip
     if offload.device != "none" and zero.stage == 0:
-        problems.append(P(key, "optimizer offload needs zero_optimization.stage 1 or 2 (stage 0 keeps no "
+        problems.append(P(key, "optimizer offload needs zero_optimization.stage 1, 2 or 3 (stage 0 keeps no "
                           "partition to offload); set stage to 2, or remove the offload", offload.device))  # fmt: skip
-    if offload.ratio < 1:
+    if offload.ratio < 1 and zero.stage != 3:
         problems.append(P("zero_optimization.offload_optimizer.ratio", "partial offloading is only supported "
-                          "with ZeRO stage 3, which ds does not support; use 1.0", offload.ratio))  # fmt: skip
+                          f"with ZeRO stage 3 (stage is {zero.stage}); use 1.0 or stage 3", offload.ratio))  # fmt: skip
     return problems
 
 

@@ -3,7 +3,7 @@
 A DeepSpeed script works by changing ``import deepspeed`` to ``import ds_engine as deepspeed``.
 """
 
-from ds_engine import checkpointing, sparse_attention
+from ds_engine import checkpointing, sparse_attention, zero
 from ds_engine._args import InitializeError, add_config_arguments
 from ds_engine._config_fields import CONFIG_FIELDS
 from ds_engine._dist import init_distributed
@@ -21,4 +21,5 @@ __all__ = [
     "init_distributed",
     "initialize",
     "sparse_attention",
+    "zero",
 ]

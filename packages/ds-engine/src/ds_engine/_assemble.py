@@ -16,6 +16,8 @@ from ds_config import DSConfig
 from ds_launch import Topology
 from torch import nn
 
+from ds_engine.zero import check_partitioned_model
+
 logger = logging.getLogger("ds_engine")
 
 
@@ -59,6 +61,7 @@ def assemble(
     mp_group = _model_parallel_group(mpu)
 
     # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
+    check_partitioned_model(model, cfg.zero_optimization.stage)
     dtype = model_dtype(cfg)
     model.to(device=topology.device, dtype=dtype)
     _broadcast_parameters(model, dp_group)
@@ -90,6 +93,8 @@ def assemble(
             model_parallel_group=mp_group,
             grad_accum_dtype=_grad_accum_dtype(cfg),
         )
+    elif cfg.zero_optimization.stage == 3:
+        wrapped = _stage3(model, basic, cfg, dp_group, dp_world_size, scaler, names, mp_group)
     else:
         wrapped = ds_precision.MixedPrecisionOptimizer(
             basic,
@@ -114,6 +119,32 @@ def assemble(
     # 6. Activation checkpointing only changes forward, so it is independent of everything above.
     ds_checkpoint.configure(mpu, deepspeed_config=cfg)
     return Parts(model, dtype, wrapped, basic, scaler, reducer, scheduler, dp_group, dp_world_size)
+
+
+def _stage3(
+    model: nn.Module,
+    basic: Any,
+    cfg: DSConfig,
+    dp_group: Any,
+    dp: int,
+    scaler: Any,
+    names: dict,
+    mp_group: Any,
+) -> ds_zero.ZeroStage3Optimizer:
+    """Stage 3 also partitions the model itself, so it takes the module (its hooks gather the weights)."""
+    return ds_zero.ZeroStage3Optimizer.from_config(
+        model,
+        basic,
+        cfg.zero_optimization,
+        process_group=dp_group,
+        scaler=scaler,
+        clip_grad=cfg.gradient_clipping,
+        rule=ds_zero.AveragingRule(dp, cfg.prescale_gradients, cfg.gradient_predivide_factor),
+        param_names=names,
+        model_parallel_group=mp_group,
+        grad_accum_dtype=_grad_accum_dtype(cfg),
+        allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
+    )
 
 
 def _grad_accum_dtype(cfg: DSConfig) -> torch.dtype | None:

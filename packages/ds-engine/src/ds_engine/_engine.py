@@ -181,7 +181,7 @@ class DeepSpeedEngine(nn.Module):
         ds_checkpoint.save_state(
             save_dir,
             tag,
-            model_state=self.module.state_dict(),
+            model_state=self._module_state_dict(),
             optimizer_shard=self._sharded_state(),
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=self._counters(),
@@ -206,7 +206,9 @@ class DeepSpeedEngine(nn.Module):
         state = ds_checkpoint.load_state(load_dir, None if tag is None else str(tag))
         if state is None:
             return None, None
-        self.module.load_state_dict(state.model_state, strict=load_module_strict)
+        # stage 3 keeps only partitions: its optimizer loads the full weights (masters included)
+        load_module = getattr(self.optimizer, "load_module_state_dict", None)
+        (load_module or self.module.load_state_dict)(state.model_state, strict=load_module_strict)
         if not load_module_only:
             sharded = self._sharded_state()
             if sharded is not None:
@@ -220,14 +222,22 @@ class DeepSpeedEngine(nn.Module):
                     if zero.stage > 0 and not zero.load_from_fp32_weights:
                         # DeepSpeed's load_from_fp32_weights=false (a ZeRO key): keep the loaded optimizer
                         # state (moments, step) but rebuild the fp32 master from the weights just loaded
-                        self._refresh_master_from_weights()
-                else:
+                        if load_module is not None:  # stage 3 sets its masters from the full weights
+                            load_module(state.model_state, strict=load_module_strict)
+                        else:
+                            self._refresh_master_from_weights()
+                elif load_module is None:
                     self._refresh_master_from_weights()
             if load_lr_scheduler_states and self.lr_scheduler is not None and state.lr_scheduler is not None:
                 self.lr_scheduler.load_state_dict(state.lr_scheduler)
             self._load_counters(state.counters)
             state.restore_rng(self.topology.rank % max(1, state.world_size))
         return str(state.path), state.client_state
+
+    def _module_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights; stage 3 gathers them from the partitions (collective)."""
+        gathered = getattr(self.optimizer, "module_state_dict", None)
+        return gathered() if gathered is not None else self.module.state_dict()
 
     def _sharded_state(self) -> tuple[dict, dict] | None:
         fn = getattr(self.optimizer, "sharded_state_dict", None)

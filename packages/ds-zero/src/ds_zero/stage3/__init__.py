@@ -1,0 +1,20 @@
+"""ZeRO stage 3: parameters partitioned too, gathered per module for its forward and backward.
+
+``ZeroStage3Optimizer`` is what the engine steps; ``PartitionOnConstruction`` (``zero.Init``) cuts a
+model as it is built; ``GatheredParameters`` makes parameters whole for a block.
+"""
+
+from ._construct import PartitionOnConstruction
+from ._gathered import GatheredParameters
+from ._hooks import register_external_parameter
+from ._optimizer import ZeroStage3Optimizer
+from ._options import CONFIG_FIELDS_STAGE3, Stage3Options
+
+__all__ = [
+    "CONFIG_FIELDS_STAGE3",
+    "GatheredParameters",
+    "PartitionOnConstruction",
+    "Stage3Options",
+    "ZeroStage3Optimizer",
+    "register_external_parameter",
+]

@@ -1,0 +1,111 @@
+"""When stage 3 gathers and releases parameters: module forward hooks, output hooks, gradient hooks.
+
+* forward: a module's own parameters (``recurse=False``) are gathered by its forward pre-hook and
+  released by its forward hook, unless another module still in its forward uses them (tied weights).
+* backward: a hook on each output of the module gathers them again when the gradient reaches the
+  module (autograd saved the parameter itself, whose data was released). A parameter is released
+  when its gradient has been accumulated: every op that used it has run its backward by then.
+  Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
+* the end of each backward releases whatever is left (parameters that got no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._partition import ParamSlot, PartitionedParams
+
+__all__ = ["GatherHooks", "register_external_parameter"]
+
+
+def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Gather ``parameter`` for ``module``'s forward and backward too (DeepSpeed's name and meaning).
+
+    For a parameter that ``module``'s forward uses although another module registers it (a parent
+    computing ``x @ self.embedding.weight.t()``). Call it before the stage-3 optimizer is built.
+    """
+    external = module.__dict__.setdefault("_ds_external_params", [])
+    if not any(p is parameter for p in external):
+        external.append(parameter)
+
+
+class GatherHooks:
+    """Installs the hooks on every submodule that owns managed parameters; ``remove()`` takes them off.
+
+    ``on_grad(slot, grad)`` receives each parameter's full gradient as autograd accumulates it; the
+    parameter's ``.grad`` is cleared afterwards (the gradient scheduler keeps what it needs).
+    """
+
+    def __init__(
+        self, module: nn.Module, params: PartitionedParams, on_grad: Callable[[ParamSlot, torch.Tensor], None]
+    ) -> None:
+        self.params = params
+        self.on_grad = on_grad
+        self._handles: list[Any] = []
+        for m in module.modules():
+            # its own parameters, and those it uses but another module registers (register_external_parameter)
+            slots = params.slots_of([*m._parameters.values(), *getattr(m, "_ds_external_params", ())])
+            if slots:
+                self._handles.append(m.register_forward_pre_hook(partial(self._pre_forward, slots)))
+                self._handles.append(m.register_forward_hook(partial(self._post_forward, slots)))
+        for s in params.slots.values():
+            if s.param.requires_grad:
+                self._handles.append(s.param.register_post_accumulate_grad_hook(self._grad_ready))
+
+    def _pre_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any) -> None:
+        for s in slots:
+            s.fwd_users += 1
+        self.params.gather(slots)
+
+    def _post_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any, output: Any) -> None:
+        for s in slots:
+            s.fwd_users -= 1
+        if torch.is_grad_enabled():
+            for t in _tensors(output):
+                if t.requires_grad:
+                    t.register_hook(partial(self._pre_backward, slots))
+        self.params.release(slots)
+
+    def _pre_backward(self, slots: list[ParamSlot], grad: torch.Tensor) -> None:
+        for s in slots:
+            s.bwd_hold = True
+        self.params.gather(slots)
+
+    def _grad_ready(self, param: nn.Parameter) -> None:
+        slot = self.params.slot(param)
+        if param.grad is not None:
+            self.on_grad(slot, param.grad)
+        param.grad = None
+        slot.bwd_hold = False
+        self.params.release([slot])
+
+    def end_backward(self) -> None:
+        """Release every parameter still held for a backward that is over.
+
+        Forward counts are reset too: non-reentrant activation checkpointing stops its recomputation
+        early, inside a module's forward, so that module's forward hook never runs.
+        """
+        for s in self.params.slots.values():
+            s.bwd_hold, s.fwd_users = False, 0
+        self.params.release(self.params.slots.values())
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def _tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors in a module's output (a tensor, or tuples, lists and dicts of them)."""
+    if torch.is_tensor(output):
+        return [output]
+    if isinstance(output, tuple | list):
+        return [t for o in output for t in _tensors(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in _tensors(o)]
+    return []

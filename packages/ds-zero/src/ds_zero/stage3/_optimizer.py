@@ -1,0 +1,298 @@
+"""ZeRO stage 3: weights, gradients, fp32 masters and optimizer state all partitioned across the group."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from ds_config import ZeroConfig
+from torch import nn
+
+from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
+from .._errors import ZeroConfigError
+from .._protocol import LossScalerProtocol
+from ._grads import GradScheduler
+from ._hooks import GatherHooks
+from ._options import Stage3Options
+from ._partition import PartitionedParams
+from ._state import load_sharded, sharded_state
+
+__all__ = ["ZeroStage3Optimizer"]
+
+# Optimizers whose update is element-wise, so stepping a flat slice equals stepping whole tensors.
+_NORM_CHUNK = 1 << 20  # elements per float64 chunk of the norm
+
+_ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "Adagrad", "CPUAdam", "DeepSpeedCPUAdam", "FusedAdam"})
+
+
+class ZeroStage3Optimizer:
+    """Wrap a torch optimizer and its model with ZeRO stage 3.
+
+    Each param group's trainable parameters share one flat space laid out as in stages 1 and 2; a rank
+    keeps only its partition of it: the weights in the model dtype, the averaged gradient, the fp32
+    master and the inner optimizer's state (the inner optimizer is re-pointed at the fp32 partition; in
+    fp32 training the master *is* the weight partition). Parameters are whole only while a module's
+    forward or backward runs (see ``_hooks``); gradients are reduced to their owners as backward produces
+    them (see ``_grads``). The contract per step is the one of ``ZeroOptimizer``: ``backward(loss)``
+    every micro-step, ``step()`` at the boundary (False when skipped for overflow).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        options: Stage3Options | None = None,
+        *,
+        process_group: ProcessGroup | None = None,
+        scaler: LossScalerProtocol | None = None,
+        clip_grad: float = 0.0,
+        rule: AveragingRule | None = None,
+        param_names: dict[int, str] | None = None,
+        model_parallel_group: ProcessGroup | None = None,
+        grad_accum_dtype: torch.dtype | None = None,
+        allow_untested_optimizer: bool = False,
+    ) -> None:
+        if not dist.is_initialized():
+            raise RuntimeError("ZeRO stage 3 needs torch.distributed: call init_process_group first")
+        _check(optimizer, allow_untested_optimizer, clip_grad)
+        self.options = options = options or Stage3Options()
+        self.module = module
+        self.optimizer = optimizer
+        self.process_group = process_group
+        self.scaler = scaler
+        self.clip_grad = float(clip_grad)
+        self.dp, self.rank = group_size(process_group), group_rank(process_group)
+        self.global_grad_norm: float | None = None
+        self.skipped_steps = 0
+        groups = [[p for p in g["params"] if p.requires_grad] for g in optimizer.param_groups]
+        cpu = torch.device("cpu")
+        self.params = PartitionedParams(
+            groups,
+            param_names or {id(p): n for n, p in module.named_parameters()},
+            process_group=process_group,
+            persistence_threshold=options.param_persistence_threshold,
+            partition_device=cpu if options.offload_param else None,
+        )
+        master_device = cpu if options.offload_optimizer else None
+        self.masters: list[torch.Tensor] = []
+        self.grad_parts: list[torch.Tensor] = []
+        for g, part in zip(optimizer.param_groups, self.params.parts):
+            # fp32 on the same device: the weight partition is the master (no second copy)
+            alias = part.dtype == torch.float32 and master_device in (None, part.device)
+            master = (
+                part if alias else part.detach().to(master_device or part.device, torch.float32, copy=True)
+            )
+            master.requires_grad_(True)
+            g["params"] = [master]
+            self.masters.append(master)
+            self.grad_parts.append(torch.zeros_like(part, dtype=grad_accum_dtype or part.dtype))
+        optimizer.state.clear()  # any state was keyed by the old, replaced parameters
+        self.params.on_write = self._copy_into_master
+        self.grads = GradScheduler(
+            self.params,
+            self.grad_parts,
+            bucket_elems=options.reduce_bucket_size,
+            rule=rule or AveragingRule(self.dp),
+            overlap_comm=options.overlap_comm,
+        )
+        self.hooks = GatherHooks(module, self.params, self.grads.add)
+        # with model parallelism the norm also sums over the model-parallel group (spec section 5)
+        self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
+        self._norm_ranges = self._model_parallel_norm_ranges()
+
+    @classmethod
+    def from_config(
+        cls, module: nn.Module, optimizer: torch.optim.Optimizer, zero: ZeroConfig, **kwargs: object
+    ) -> ZeroStage3Optimizer:
+        """Build from the ``zero_optimization`` section; the top-level keys come in ``kwargs``."""
+        return cls(module, optimizer, Stage3Options.from_config(zero), **kwargs)
+
+    # ------------------------------------------------------------------ micro-steps
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without a scaler)."""
+        return float(self.scaler.loss_scale) if self.scaler is not None else 1.0
+
+    def backward(self, loss: torch.Tensor, *, retain_graph: bool = False) -> None:
+        """Backward of ``loss * loss_scale`` for one micro-step (the loss is already divided by GAS)."""
+        scaled = loss.float() * self.loss_scale if self.scaler is not None else loss
+        scaled.backward(retain_graph=retain_graph)
+        self.micro_step_done()
+
+    def micro_step_done(self) -> None:
+        """Finish a micro-step's backward: reduce what is left, release what is still gathered."""
+        self.grads.flush()
+        self.hooks.end_backward()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear the partition gradients for the next accumulation window."""
+        for grad, master in zip(self.grad_parts, self.masters):
+            grad.zero_()
+            master.grad = None
+
+    # ------------------------------------------------------------------ step
+    def step(self) -> bool:
+        """Optimizer step on this rank's partitions; returns False when skipped for overflow."""
+        norm_sq = self._global_norm_sq()
+        if not math.isfinite(norm_sq):
+            if self.scaler is not None:
+                self.scaler.update_scale(True)
+            self.skipped_steps += 1
+            self.global_grad_norm = None
+            self.zero_grad()
+            return False
+        scale = self.loss_scale
+        norm = math.sqrt(norm_sq) / scale
+        combined = scale * max(1.0, (norm + 1e-6) / self.clip_grad) if self.clip_grad > 0 else scale
+        self.global_grad_norm = norm
+        for grad, master in zip(self.grad_parts, self.masters):
+            master.grad = grad.to(master.device, torch.float32).mul_(1.0 / combined)
+        self.optimizer.step()
+        with torch.no_grad():
+            for part, master in zip(self.params.parts, self.masters):
+                if part.data_ptr() != master.data_ptr():
+                    part.copy_(master)
+        self.params.refresh_whole()
+        if self.scaler is not None:
+            self.scaler.update_scale(False)
+        self.zero_grad()
+        return True
+
+    def _global_norm_sq(self) -> float:
+        """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan): one all-reduce."""
+        local = torch.zeros(2, dtype=torch.float64)
+        for grad, ranges in zip(self.grad_parts, self._norm_ranges):
+            # in chunks: a float64 copy of a whole partition would be the largest allocation of the step
+            for lo, hi in ranges if ranges is not None else [(0, grad.numel())]:
+                for c in range(lo, hi, _NORM_CHUNK):
+                    local[0] += grad[c : min(hi, c + _NORM_CHUNK)].double().pow(2).sum().cpu()
+            for c in range(0, grad.numel(), _NORM_CHUNK):  # every element counts for overflow
+                local[1] += float((~torch.isfinite(grad[c : c + _NORM_CHUNK])).any())
+        dist.all_reduce(local, group=self.process_group)
+        if self.mp_group is not None:
+            dist.all_reduce(local, group=self.mp_group)
+        return math.inf if local[1] > 0 or not math.isfinite(float(local[0])) else float(local[0])
+
+    def _model_parallel_norm_ranges(self) -> list[list[tuple[int, int]] | None]:
+        """Per group, the partition ranges counted in the norm (None: all of it).
+
+        A parameter replicated across model-parallel ranks counts on model-parallel rank 0 only; one
+        marked ``model_parallel`` or ``tensor_model_parallel`` (a shard) counts on every rank.
+        """
+        if self.mp_group is None or group_rank(self.mp_group) == 0:
+            return [None] * len(self.grad_parts)
+        out: list[list[tuple[int, int]] | None] = [[] for _ in self.grad_parts]
+        for s in self.params.slots.values():
+            if getattr(s.param, "model_parallel", False) or getattr(s.param, "tensor_model_parallel", False):
+                ps, pe = self.params.layouts[s.group].partition_range(self.rank)
+                if s.start < pe and s.end > ps:
+                    out[s.group].append((max(s.start, ps) - ps, min(s.end, pe) - ps))
+        return out
+
+    def _copy_into_master(self, g: int, lo: int, hi: int) -> None:
+        master, part = self.masters[g], self.params.parts[g]
+        if master.data_ptr() != part.data_ptr():
+            with torch.no_grad():
+                master[lo:hi].copy_(part[lo:hi])
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The inner optimizer's param groups (for LR schedulers); each holds one fp32 partition."""
+        return self.optimizer.param_groups
+
+    # ------------------------------------------------------------------ state
+    def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """This rank's optimizer state in the ``ds-flat-shard/1`` format of stages 1 and 2."""
+        extra = {
+            "zero_stage": 3,
+            "clip_grad": self.clip_grad,
+            "skipped_steps": self.skipped_steps,
+            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+        return sharded_state(self.params, self.masters, self.optimizer, extra)
+
+    def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        """Load this rank's slice (already cut for this partitioning by the caller); every rank calls it."""
+        load_sharded(self.params, self.masters, self.optimizer, tensors, meta)
+        with torch.no_grad():
+            for part, master in zip(self.params.parts, self.masters):
+                if part.data_ptr() != master.data_ptr():
+                    part.copy_(master)
+        self.params.refresh_whole()
+        loss_scaler = meta.get("extra", {}).get("loss_scaler")
+        if self.scaler is not None and loss_scaler is not None:
+            self.scaler.load_state_dict(loss_scaler)
+
+    def module_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """The module's full state dict on every rank (collective), one parameter gathered at a time.
+
+        With ``dtype`` the gathered parameters are cast (``save_16bit_model`` passes the 16-bit dtype).
+        """
+        out: dict[str, torch.Tensor] = {}
+        for name, t in self.module.state_dict(keep_vars=True).items():
+            slot = self.params.slot(t)
+            if slot is None:
+                out[name] = t.detach().cpu().clone()
+                continue
+            (full,) = self.params.gather_values([slot], self.params.parts, slot.param.dtype)
+            out[name] = full.to("cpu", dtype or full.dtype)
+        return out
+
+    def fp32_state_dict(self) -> dict[str, torch.Tensor]:
+        """The trained parameters' full fp32 values, gathered from the masters (collective)."""
+        slots = list(self.params.slots.values())
+        values = self.params.gather_values(slots, self.masters, torch.float32)
+        return {s.name: v.cpu() for s, v in zip(slots, values)}
+
+    def gathered_16bit_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """For ``save_16bit_model``: the full state dict in the model dtype on rank 0, None elsewhere.
+
+        Collective. Without ``stage3_gather_16bit_weights_on_model_save`` it returns None on every rank
+        (DeepSpeed then saves nothing either).
+        """
+        if not self.options.gather_16bit_weights_on_model_save:
+            return None
+        state = self.module_state_dict()
+        return state if self.rank == 0 else None
+
+    def load_module_state_dict(self, state: dict[str, torch.Tensor], strict: bool = True) -> None:
+        """Load a full state dict: each rank keeps its partition of every managed parameter."""
+        own = self.module.state_dict(keep_vars=True)
+        rest = {}
+        for name, value in state.items():
+            slot = self.params.slot(own[name]) if name in own else None
+            if slot is None:
+                rest[name] = value
+            elif tuple(value.shape) != tuple(slot.shape):
+                raise ZeroConfigError(
+                    f"{name}: checkpoint shape {tuple(value.shape)}, model {tuple(slot.shape)}"
+                )
+            else:
+                with torch.no_grad():
+                    self.params.write_back(slot, value.to(slot.param.dtype))
+        managed = {n for n, t in own.items() if self.params.slot(t) is not None}
+        missing, unexpected = self.module.load_state_dict(rest, strict=False)
+        missing = [n for n in missing if n not in managed and n not in state]
+        if strict and (missing or unexpected):
+            raise ZeroConfigError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+
+    def remove_hooks(self) -> None:
+        """Take the gather and gradient hooks off the module."""
+        self.hooks.remove()
+
+
+def _check(optimizer: torch.optim.Optimizer, allow_untested: bool, clip_grad: float) -> None:
+    name = type(optimizer).__name__
+    if (
+        name not in _ELEMENTWISE
+        and not getattr(optimizer, "ds_zero_elementwise", False)
+        and not allow_untested
+    ):
+        raise ZeroConfigError(
+            f"optimizer {name} is not tested with ZeRO (tested: {', '.join(sorted(_ELEMENTWISE))}); ZeRO "
+            'steps flat slices, which is only correct for element-wise updates. Set "zero_allow_untested_optimizer": '
+            "true to use it anyway"
+        )
+    if clip_grad < 0:
+        raise ZeroConfigError(f"gradient_clipping must be >= 0 (0 disables it), got {clip_grad}")

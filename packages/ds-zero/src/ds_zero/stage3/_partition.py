@@ -1,0 +1,231 @@
+"""Stage 3 parameter partitions: each rank keeps its slice of every group's flat space; full tensors on demand.
+
+The flat space of an optimizer param group is the one of stages 1 and 2 (``GroupLayout``): parameters in
+group order, padded, cut into ``dp`` contiguous partitions. So a stage-3 rank owns exactly the elements
+a stage-1/2 rank owns, and checkpoints move between stages without conversion.
+
+A released parameter's ``.data`` is an empty tensor; gathering gives it a full tensor again. A set of
+parameters sorted by flat offset puts each owner's elements in one contiguous run (partitions are
+contiguous in flat order), so gathering is one broadcast per owner into a single buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .._comm import ProcessGroup, global_rank, group_rank, group_size
+from .._layout import GroupLayout
+from ._construct import forget_construction, full_value, source_shape
+
+__all__ = ["ParamSlot", "PartitionedParams"]
+
+
+@dataclass(eq=False)
+class ParamSlot:
+    """Where one parameter lives in its group's flat space, and who currently holds it whole."""
+
+    param: nn.Parameter
+    name: str
+    group: int
+    index: int
+    start: int
+    end: int
+    shape: torch.Size
+    persistent: bool  # at most stage3_param_persistence_threshold elements: stays whole on every rank
+    fwd_users: int = 0  # modules in whose forward the parameter currently is
+    pins: int = 0  # open GatheredParameters blocks holding it whole
+    bwd_hold: bool = False  # backward reached its module and its gradient has not arrived yet
+    gathered: bool = False
+
+    @property
+    def numel(self) -> int:
+        return self.end - self.start
+
+
+class PartitionedParams:
+    """The partitions of every group in the model dtype, and gather/release of full parameters.
+
+    ``parts[g]`` is this rank's partition of group ``g`` (padding included). ``on_write(g, lo, hi)`` is
+    called after elements ``[lo, hi)`` of ``parts[g]`` were overwritten from outside a step (a load, a
+    ``GatheredParameters`` modification), so the owner of the fp32 masters can copy them.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[Sequence[nn.Parameter]],
+        names: dict[int, str],
+        *,
+        process_group: ProcessGroup | None,
+        persistence_threshold: int,
+        partition_device: torch.device | None = None,
+    ) -> None:
+        self.process_group = process_group
+        self.dp = group_size(process_group)
+        self.rank = group_rank(process_group)
+        self.layouts: list[GroupLayout] = []
+        self.parts: list[torch.Tensor] = []
+        self.slots: dict[int, ParamSlot] = {}  # id(param) -> slot
+        self.on_write: Callable[[int, int, int], None] | None = None
+        self.gather_calls = 0  # collectives issued to gather parameters (observed by the tests)
+        self.gathered_numel = 0  # elements those collectives carried
+        self.live_numel = 0  # elements of non-persistent parameters now held whole
+        self.peak_live_numel = 0
+        for g, params in enumerate(groups):
+            self._partition_group(g, params, names, persistence_threshold, partition_device)
+
+    # ------------------------------------------------------------------ setup
+    def _partition_group(
+        self,
+        g: int,
+        params: Sequence[nn.Parameter],
+        names: dict[int, str],
+        threshold: int,
+        partition_device: torch.device | None,
+    ) -> None:
+        layout = GroupLayout.build([source_shape(p) for p in params], self.dp)
+        dtype = params[0].dtype if params else torch.float32
+        device = params[0].device if params else torch.device("cpu")
+        part = torch.zeros(layout.partition_numel, dtype=dtype, device=partition_device or device)
+        ps, pe = layout.partition_range(self.rank)
+        for i, p in enumerate(params):
+            if id(p) in self.slots:
+                raise ValueError(f"parameter {names.get(id(p), i)} is in two param groups; give it to one")
+            start, end = layout.param_range(i)
+            shape = source_shape(p)
+            full = full_value(p).to(dtype).reshape(-1)  # one parameter at a time (collective if cut)
+            lo, hi = max(start, ps), min(end, pe)
+            if lo < hi:
+                part[lo - ps : hi - ps].copy_(full[lo - start : hi - start])
+            slot = ParamSlot(p, names.get(id(p), f"group{g}.param{i}"), g, i, start, end, shape,
+                             persistent=shape.numel() <= threshold)  # fmt: skip
+            self.slots[id(p)] = slot
+            p.ds_stage3 = self  # lets GatheredParameters find the manager of a parameter
+            if slot.persistent:
+                p.data = full.view(shape).clone()
+                slot.gathered = True
+            else:
+                p.data = torch.empty(0, dtype=dtype, device=device)
+            forget_construction(p)
+            del full
+        self.layouts.append(layout)
+        self.parts.append(part)
+
+    # ------------------------------------------------------------------ lookup
+    def slot(self, p: torch.Tensor) -> ParamSlot | None:
+        """The slot of a managed parameter (None for parameters stage 3 does not partition)."""
+        return self.slots.get(id(p))
+
+    def slots_of(self, params: Iterable[torch.Tensor]) -> list[ParamSlot]:
+        """Slots of the managed parameters among ``params``, without duplicates, in the given order."""
+        seen, out = set(), []
+        for p in params:
+            s = self.slots.get(id(p))
+            if s is not None and id(s) not in seen:
+                seen.add(id(s))
+                out.append(s)
+        return out
+
+    # ------------------------------------------------------------------ gather and release
+    def gather(self, slots: Iterable[ParamSlot]) -> None:
+        """Make every slot's parameter whole (a no-op for those already whole)."""
+        todo = [s for s in slots if not s.gathered]
+        works = []
+        for g in sorted({s.group for s in todo}):
+            members = sorted((s for s in todo if s.group == g), key=lambda s: s.start)
+            buf, works_g = self._launch_gather(g, self.parts[g], members, members[0].param.dtype)
+            works += works_g
+            offset = 0
+            for s in members:
+                s.param.data = buf[offset : offset + s.numel].view(s.shape)
+                s.gathered = True
+                offset += s.numel
+                if not s.persistent:
+                    self.live_numel += s.numel
+        for w in works:
+            w.wait()
+        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+
+    def gather_values(
+        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], dtype: torch.dtype
+    ) -> list[torch.Tensor]:
+        """Full values of ``slots`` read from other partitions of the same layout (e.g. the fp32 masters)."""
+        out: list[torch.Tensor] = []
+        for s in slots:
+            buf, works = self._launch_gather(s.group, sources[s.group], [s], dtype)
+            for w in works:
+                w.wait()
+            out.append(buf.view(s.shape))
+        return out
+
+    def _launch_gather(
+        self, g: int, source: torch.Tensor, members: Sequence[ParamSlot], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, list]:
+        """Fill one buffer with ``members`` (sorted by offset): local pieces copied, one broadcast per owner."""
+        layout = self.layouts[g]
+        ps = layout.partition_range(self.rank)[0]
+        buf = torch.empty(sum(s.numel for s in members), dtype=dtype, device=members[0].param.device)
+        runs: dict[int, list[int]] = {}  # owner -> [first, last) of its run in buf
+        offset = 0
+        for s in members:
+            for r, lo, hi in layout.owners(s.start, s.end):
+                b0, b1 = offset + lo - s.start, offset + hi - s.start
+                if r == self.rank:
+                    buf[b0:b1].copy_(source[lo - ps : hi - ps])
+                runs.setdefault(r, [b0, b1])[1] = b1
+            offset += s.numel
+        if self.dp == 1:
+            return buf, []
+        pg = self.process_group
+        self.gather_calls += len(runs)
+        self.gathered_numel += offset
+        works = [
+            dist.broadcast(buf[b0:b1], src=global_rank(pg, r), group=pg, async_op=True)
+            for r, (b0, b1) in sorted(runs.items())
+        ]
+        return buf, works
+
+    def release(self, slots: Iterable[ParamSlot]) -> None:
+        """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
+        for s in slots:
+            if s.gathered and not s.persistent and s.fwd_users == 0 and not s.bwd_hold and s.pins == 0:
+                s.param.data = torch.empty(0, dtype=s.param.dtype, device=s.param.device)
+                s.gathered = False
+                self.live_numel -= s.numel
+
+    def refresh_whole(self) -> None:
+        """After the partitions changed (a step, a load): re-gather what must stay whole, release the rest.
+
+        Persistent and pinned parameters are gathered anew; any other whole parameter is stale, so its
+        forward/backward holds are dropped (no forward or backward is running between steps).
+        """
+        whole = [s for s in self.slots.values() if s.persistent or s.pins > 0]
+        for s in self.slots.values():
+            s.fwd_users, s.bwd_hold = 0, False
+        self.release(self.slots.values())
+        for s in whole:
+            if s.gathered and not s.persistent:
+                self.live_numel -= s.numel
+            s.gathered = False
+        self.gather(whole)
+
+    def write_back(self, slot: ParamSlot, full: torch.Tensor) -> None:
+        """Copy this rank's part of the full value ``full`` into its partition (and tell ``on_write``)."""
+        layout = self.layouts[slot.group]
+        ps, pe = layout.partition_range(self.rank)
+        lo, hi = max(slot.start, ps), min(slot.end, pe)
+        if lo < hi:
+            flat = full.reshape(-1)
+            self.parts[slot.group][lo - ps : hi - ps].copy_(flat[lo - slot.start : hi - slot.start])
+            if self.on_write is not None:
+                self.on_write(slot.group, lo - ps, hi - ps)
+        if slot.gathered and full.data_ptr() != slot.param.data_ptr():
+            slot.param.data.copy_(full.reshape(slot.shape))
+
+    def numel_held(self) -> int:
+        """Elements of this rank's partitions plus the whole (persistent) parameters it keeps."""
+        return sum(p.numel() for p in self.parts) + sum(s.numel for s in self.slots.values() if s.persistent)

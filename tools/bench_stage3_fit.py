@@ -1,0 +1,191 @@
+#!/usr/bin/env python
+"""ZeRO stage 3 memory, measured: live tensor bytes per rank after a step against the ZeRO-3 formula.
+
+Trains a GPT-2 style model (head tied to the token embedding) for ``--steps`` steps on ``--world`` ranks
+(gloo, CPU) through ``ds_engine.initialize``; at stage 3 the model is built inside ``ds_engine.zero.Init``,
+so it never exists whole on a rank. After the last step each rank walks the live tensors with ``gc``,
+sums the bytes of their distinct storages, and reports them with its peak RSS and the formula:
+
+    ZeRO-3 per rank = (2 + 2 + 12) bytes x parameters / N  (bf16 weights, bf16 grads, fp32 master + Adam)
+                      + 2 bytes x the persistent (whole) small parameters  (fp32: 4 + 4 + 8, the master is
+                      the weight partition)
+
+Also the tool for "the largest model that fits": raise --layers/--width until a run fails (each rank
+prints OK after its steps). Keep the total under the machine's free memory.
+
+    .venv/bin/python tools/bench_stage3_fit.py --world 2 --layers 4 --width 512
+    .venv/bin/python tools/bench_stage3_fit.py --world 4 --layers 24 --width 1600 --seq 256   # ~1.2B, lead only
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import socket
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention then a 4x MLP."""
+
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.proj = nn.Linear(width, width)
+        self.ln2 = nn.LayerNorm(width)
+        self.fc = nn.Linear(width, 4 * width)
+        self.out = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (
+            z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v)
+        )  # (B, nh, T, hs)
+        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    """GPT-2 style language model; ``head.weight`` is the token embedding (one parameter, two modules)."""
+
+    def __init__(self, vocab: int, seq: int, width: int, heads: int, layers: int) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab, width)
+        self.pos = nn.Embedding(seq, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.tok.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))  # (B, T, V)
+
+
+def live_tensor_bytes() -> int:
+    """Bytes of the distinct storages of every live tensor (measured, not computed from shapes)."""
+    gc.collect()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if torch.is_tensor(obj):
+            storage = obj.untyped_storage()
+            if storage.nbytes() and storage.data_ptr() not in seen:
+                seen[storage.data_ptr()] = storage.nbytes()
+    return sum(seen.values())
+
+
+def formula_bytes(numel: int, persistent_numel: int, world: int, stage: int, bf16: bool) -> int:
+    """ZeRO accounting per rank (stage 2: whole 16-bit weights, the rest partitioned)."""
+    low = 2 if bf16 else 4
+    master = 4 if bf16 else 0  # fp32: the master is the weight partition (stage 3)
+    if stage == 3:
+        return (low + low + master + 8) * numel // world + low * persistent_numel
+    return low * numel + (low + 4 + 8) * numel // world
+
+
+def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_WORLD_SIZE=str(args.world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")  # fmt: skip
+    torch.set_num_threads(1)
+    import ds_engine
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": args.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+        "bf16": {"enabled": args.dtype == "bf16"},
+        "zero_optimization": {
+            "stage": args.stage,
+            "reduce_bucket_size": args.bucket,
+            "stage3_param_persistence_threshold": args.threshold,
+        },  # fmt: skip
+        "steps_per_print": 10_000,
+    }
+    if args.stage != 3:
+        del cfg["zero_optimization"]["stage3_param_persistence_threshold"]
+    ds_engine.init_distributed()
+    torch.manual_seed(0)
+    shape = (args.vocab, args.seq, args.width, args.heads, args.layers)
+    if args.stage == 3:
+        with ds_engine.zero.Init(config_dict_or_path=cfg):
+            model = GPT(*shape)
+    else:
+        model = GPT(*shape)
+    numel = sum(getattr(p, "ds_shape", p.shape).numel() for p in model.parameters())
+    engine, *_ = ds_engine.initialize(model=model, config=cfg)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(args.steps):
+        tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=g)
+        logits = engine(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        engine.backward(loss)
+        engine.step()
+    del logits, loss
+    persistent = 0
+    if args.stage == 3:
+        persistent = sum(s.numel for s in engine.optimizer.params.slots.values() if s.persistent)
+    queue.put({
+        "rank": rank,
+        "params": numel,
+        "persistent_params": persistent,
+        "live_bytes": live_tensor_bytes(),
+        "formula_bytes": formula_bytes(numel, persistent, args.world, args.stage, args.dtype == "bf16"),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+    })  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--stage", type=int, default=3, choices=(2, 3))
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--width", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=16_000)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--micro-batch", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--bucket", type=int, default=5_000_000, help="reduce_bucket_size (elements)")
+    parser.add_argument("--threshold", type=int, default=100_000, help="stage3_param_persistence_threshold")
+    args = parser.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, args, port, queue)) for r in range(args.world)]
+    for p in procs:
+        p.start()
+    results = sorted((queue.get(timeout=3600) for _ in procs), key=lambda r: r["rank"])
+    for p in procs:
+        p.join()
+    print(json.dumps({"args": vars(args), "ranks": results}))
+    print(
+        "\n| stage | ranks | params | live MiB/rank (max) | formula MiB/rank | live/formula | peak RSS MiB (max) |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    live = max(r["live_bytes"] for r in results)
+    formula = results[0]["formula_bytes"]
+    rss = max(r["peak_rss_bytes"] for r in results)
+    print(f"| {args.stage} | {args.world} | {results[0]['params'] / 1e6:.1f}M | {live / 2**20:.1f} | "
+          f"{formula / 2**20:.1f} | {live / formula:.3f} | {rss / 2**20:.0f} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
