@@ -24,7 +24,8 @@ def test_returns_engine_optimizer_loader_scheduler():
     cfg = {**CFG, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}
     engine, optimizer, loader, scheduler = ds_engine.initialize(model=net(), config=cfg, training_data=data)
     assert isinstance(engine, ds_engine.DeepSpeedEngine)
-    assert optimizer is engine.optimizer and scheduler is engine.lr_scheduler
+    # fp32 at stage 0: the bare torch optimizer, as DeepSpeed returns it (its groups are the ones that step)
+    assert optimizer is engine.basic_optimizer and scheduler is engine.lr_scheduler
     x, y = next(iter(loader))
     assert x.shape == (4, 4) and y.shape == (4, 2)
     assert engine.train_batch_size() == 4 and engine.gradient_accumulation_steps() == 1

@@ -7,6 +7,7 @@ from ._errors import (
     CheckpointNotFoundError,
     ClientStateError,
     DeepSpeedImportError,
+    SaveDirMismatchError,
     ShardFormatError,
     TagValidationError,
 )
@@ -25,6 +26,7 @@ from .activation import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "SaveDirMismatchError",
     "__version__",
     # activation checkpointing (ds_checkpoint.activation holds the rest: reset, errors, settings)
     "checkpoint",

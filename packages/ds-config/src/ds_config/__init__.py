@@ -6,6 +6,21 @@ field names are the JSON keys, e.g. ``cfg.zero_optimization.stage`` or ``cfg.fp1
 """
 
 from ._batch import BatchSizes, derive_batch_sizes
+from ._compat import (
+    AutotuningConfig,
+    CometConfig,
+    CommsLoggerConfig,
+    CSVMonitorConfig,
+    CurriculumLearningConfig,
+    DataEfficiencyConfig,
+    EigenvalueConfig,
+    FlopsProfilerConfig,
+    HybridEngineConfig,
+    ProgressiveLayerDropConfig,
+    TensorBoardConfig,
+    TorchAutocastConfig,
+    WandbConfig,
+)
 from ._errors import ConfigError, ConfigProblem, ConfigWarning
 from ._load import load_config
 from ._models import (
@@ -33,6 +48,19 @@ from ._models import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "AutotuningConfig",
+    "CSVMonitorConfig",
+    "CometConfig",
+    "CommsLoggerConfig",
+    "CurriculumLearningConfig",
+    "DataEfficiencyConfig",
+    "EigenvalueConfig",
+    "FlopsProfilerConfig",
+    "HybridEngineConfig",
+    "ProgressiveLayerDropConfig",
+    "TensorBoardConfig",
+    "TorchAutocastConfig",
+    "WandbConfig",
     "NATIVE_OPTIMIZERS",
     "NATIVE_SCHEDULERS",
     "SPARSE_ATTENTION_MODES",
