@@ -105,7 +105,8 @@ def _require_tensorboard() -> None:
     except ImportError as exc:
         raise ImportError(
             'the config enables "tensorboard", which needs the tensorboard package: pip install tensorboard '
-            '(or set "tensorboard": {"enabled": false})'
+            '(or pip install "ds-engine[tensorboard]") '
+            '-- or set "tensorboard": {"enabled": false}'
         ) from exc
 
 
