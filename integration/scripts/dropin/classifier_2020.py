@@ -61,7 +61,8 @@ world = torch.distributed.get_world_size()
 losses = []  # each micro-step's loss, averaged over the ranks
 for _epoch in range(args.epochs):
     for _i, data in enumerate(trainloader):
-        inputs, labels = data[0].to(model_engine.local_rank), data[1].to(model_engine.local_rank)
+        # the tutorial moves to model_engine.local_rank (a CUDA index); on CPU the engine's device is the same idea
+        inputs, labels = data[0].to(model_engine.device), data[1].to(model_engine.device)
         if model_engine.fp16_enabled():
             inputs = inputs.half()
         elif model_engine.bfloat16_enabled():
