@@ -78,10 +78,11 @@ def main():
         errD_fake = criterion(model_engineD(fake.detach()), label)
         model_engineD.backward(errD_fake)
         model_engineD.step()
-        # (2) update G: maximize log(D(G(z))); this backward also reaches D's parameters
+        # (2) update G: maximize log(D(G(z))) through the raw discriminator (DeepSpeed 0.19 refuses a
+        # generator backward through D's engine); this backward also writes into D's parameters
         netG.zero_grad()
         label.fill_(1.0)
-        errG = criterion(model_engineD(fake), label)
+        errG = criterion(netD(fake), label)
         model_engineG.backward(errG)
         model_engineG.step()
         both = torch.stack([(errD_real + errD_fake).detach(), errG.detach()]).float()
