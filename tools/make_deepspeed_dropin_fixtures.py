@@ -60,6 +60,7 @@ RUNS: dict[str, tuple[str, tuple[str, ...], dict | None, int | None]] = {
         {
             "train_batch_size": 16,
             "steps_per_print": 1000,
+            "gradient_clipping": 1.0,  # explicit: DeepSpeed 0.19 defaults it to 1.0, the reference to 0
             "optimizer": {"type": "Adam", "params": {"lr": 0.002, "betas": [0.5, 0.999]}},
         },
         12,
