@@ -86,3 +86,11 @@ def test_unknown_keys_are_marked_strict_only_and_warn_when_lenient():
     assert any(
         issubclass(w.category, ConfigWarning) and "zero_quantized_weights" in str(w.message) for w in caught
     )
+
+
+def test_every_accepted_019_key_has_a_no_effect_reason():
+    from ds_config._compat import compat_no_effect
+
+    table = compat_no_effect()
+    assert "flops_profiler.profile_step" in table and "fp16.fp16_master_weights_and_grads" in table
+    assert all("tensorboard" not in k and "csv_monitor" not in k for k in table)  # those two work

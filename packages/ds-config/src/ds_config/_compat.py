@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from ._types import JsonBool, JsonFloat, JsonInt
 
 __all__ = [
+    "compat_no_effect",
     "AutotuningConfig",
     "CSVMonitorConfig",
     "CurriculumLearningConfig",
@@ -182,3 +183,44 @@ def only_default(default: Any, feature: str) -> AfterValidator:
         return value
 
     return AfterValidator(check)
+
+
+def _unavailable_sections() -> dict[str, type[_Unavailable]]:
+    return {
+        "wandb": WandbConfig,
+        "comet": CometConfig,
+        "flops_profiler": FlopsProfilerConfig,
+        "comms_logger": CommsLoggerConfig,
+        "torch_autocast": TorchAutocastConfig,
+        "progressive_layer_drop": ProgressiveLayerDropConfig,
+        "curriculum_learning": CurriculumLearningConfig,
+        "data_efficiency": DataEfficiencyConfig,
+        "eigenvalue": EigenvalueConfig,
+        "autotuning": AutotuningConfig,
+        "hybrid_engine": HybridEngineConfig,
+    }
+
+
+def compat_no_effect() -> dict[str, str]:
+    """Dotted key -> why it has no effect in ds, for every DeepSpeed 0.19 key this module accepts only at its
+    default or disabled value (for the config reference's no-effect table)."""
+    table = {
+        f"{section}.{field}": f"{model.FEATURE} is not in ds: the section is accepted only disabled"
+        for section, model in _unavailable_sections().items()
+        for field in model.model_fields
+    }
+    table.update(
+        {
+            "fp16.auto_cast": "accepted only false (DeepSpeed's default): ds does not cast the inputs",
+            "fp16.fp16_master_weights_and_grads": "accepted only false: ds keeps fp32 master weights",
+            "bf16.immediate_grad_update": "accepted only false (DeepSpeed's default)",
+            "bf16.check_grad_overflow": "accepted only true (DeepSpeed's default)",
+            "bf16.bf16_master_weights_and_grads": "accepted only false: ds keeps fp32 master weights",
+            "bf16.bf16_optimizer_states": "accepted only false: ds keeps optimizer state in fp32",
+            "disable_allgather": "accepted only false (DeepSpeed's default)",
+            "memory_breakdown": "accepted only false (DeepSpeed's default): ds has no memory logging",
+            "zero_force_ds_cpu_optimizer": "ds accepts any optimizer with offload; nothing to force",
+            "use_data_before_expert_parallelism": "accepted only false: ds has no expert parallelism",
+        }
+    )
+    return table

@@ -12,12 +12,20 @@ from ds_engine._dist import init_distributed
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._initialize import initialize
 from ds_engine._missing import FeatureNotAvailableError, missing_function
-from ds_engine._monitor import CONFIG_FIELDS as _MONITOR_FIELDS
 
 __version__ = "0.1.0"
 
-# Config keys ds_engine itself reads (the other packages declare their own).
-CONFIG_FIELDS = (*_MONITOR_FIELDS, "dataloader_drop_last")
+# Config keys ds_engine itself reads for the drop-in work (the other packages declare their own):
+# the monitors (_monitor.py) and the loader initialize() builds. A literal tuple: tools read it by AST.
+CONFIG_FIELDS = (
+    "csv_monitor.enabled",
+    "csv_monitor.output_path",
+    "csv_monitor.job_name",
+    "tensorboard.enabled",
+    "tensorboard.output_path",
+    "tensorboard.job_name",
+    "dataloader_drop_last",
+)
 
 init_inference = missing_function(
     __name__,

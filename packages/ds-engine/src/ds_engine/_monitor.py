@@ -14,16 +14,7 @@ from typing import Any
 
 from ds_config import DSConfig
 
-__all__ = ["Monitor", "CONFIG_FIELDS"]
-
-CONFIG_FIELDS = (
-    "csv_monitor.enabled",
-    "csv_monitor.output_path",
-    "csv_monitor.job_name",
-    "tensorboard.enabled",
-    "tensorboard.output_path",
-    "tensorboard.job_name",
-)
+__all__ = ["Monitor"]
 
 Event = tuple[str, float, int]
 
