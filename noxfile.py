@@ -25,7 +25,7 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-launch": (["ds-config"], ["mpi"]),
     "ds-engine": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch"],
-        [],
+        ["tensorboard"],
     ),
 }
 WORLD_SIZES = [1, 2, 4]

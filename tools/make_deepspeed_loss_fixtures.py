@@ -44,14 +44,26 @@ def parity_configs() -> dict[str, dict]:
 
 
 def run_ranks(
-    python: str, script: Path, config: dict, out: Path, steps: int = 20, timeout_s: float = 1800
+    python: str,
+    script: Path,
+    config: dict | None,
+    out: Path,
+    steps: int | None = 20,
+    timeout_s: float = 1800,
+    extra_args: tuple[str, ...] = (),
 ) -> None:
-    """Start ``WORLD_SIZE`` ranks of ``script`` with launcher environment variables, as torchrun would."""
+    """Start ``WORLD_SIZE`` ranks of ``script`` with launcher environment variables, as torchrun would.
+
+    ``config`` None passes no ``--deepspeed_config`` (a script that builds its own), ``steps`` None no ``--steps``.
+    """
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(config, f)
+    argv = [str(script), "--out", str(out), *extra_args]
+    argv += ["--deepspeed_config", f.name] if config is not None else []
+    argv += ["--steps", str(steps)] if steps is not None else []
     procs = []
     for rank in range(WORLD_SIZE):
         env = {
@@ -65,25 +77,18 @@ def run_ranks(
             "LOCAL_WORLD_SIZE": str(WORLD_SIZE),
             "OMP_NUM_THREADS": "1",
         }
-        procs.append(
-            subprocess.Popen(
-                [python, str(script), "--deepspeed_config", f.name, "--out", str(out), "--steps", str(steps)],
-                env=env,
-            )
-        )
+        procs.append(subprocess.Popen([python, *argv], env=env))
     codes = [p.wait(timeout=timeout_s) for p in procs]
     os.unlink(f.name)
     if any(codes):
         raise RuntimeError(f"{script.name} ranks exited with {codes}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--deepspeed-python", default="/work/venvs/deepspeed/bin/python")
-    args = parser.parse_args()
-    version = (
+def deepspeed_version(python: str) -> str:
+    """The version string of the deepspeed package importable by ``python``."""
+    return (
         subprocess.run(
-            [args.deepspeed_python, "-c", "import deepspeed; print(deepspeed.__version__)"],
+            [python, "-c", "import deepspeed; print(deepspeed.__version__)"],
             capture_output=True,
             text=True,
             check=True,
@@ -92,6 +97,13 @@ def main() -> None:
         .stdout.strip()
         .splitlines()[-1]
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--deepspeed-python", default="/work/venvs/deepspeed/bin/python")
+    args = parser.parse_args()
+    version = deepspeed_version(args.deepspeed_python)
     OUT.mkdir(parents=True, exist_ok=True)
     for name, config in parity_configs().items():
         losses_file = OUT / f"{name}.losses.tmp"

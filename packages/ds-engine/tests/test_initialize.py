@@ -24,7 +24,8 @@ def test_returns_engine_optimizer_loader_scheduler():
     cfg = {**CFG, "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}
     engine, optimizer, loader, scheduler = ds_engine.initialize(model=net(), config=cfg, training_data=data)
     assert isinstance(engine, ds_engine.DeepSpeedEngine)
-    assert optimizer is engine.optimizer and scheduler is engine.lr_scheduler
+    # fp32 at stage 0: the bare torch optimizer, as DeepSpeed returns it (its groups are the ones that step)
+    assert optimizer is engine.basic_optimizer and scheduler is engine.lr_scheduler
     x, y = next(iter(loader))
     assert x.shape == (4, 4) and y.shape == (4, 2)
     assert engine.train_batch_size() == 4 and engine.gradient_accumulation_steps() == 1
@@ -117,3 +118,29 @@ def test_config_scheduler_wins_over_client_scheduler(caplog):
 def test_deepspeed_init_distributed_signature():
     topology = ds_engine.init_distributed(dist_backend="gloo", verbose=False)
     assert topology.world_size == 1 and topology.rank == 0
+
+
+def test_strict_config_error_says_how_to_load_leniently():
+    cfg = {**CFG, "zero_quantized_weights": False}
+    with pytest.raises(ConfigError, match="config_strict=False.*DS_CONFIG_STRICT=0"):
+        ds_engine.initialize(model=net(), config=cfg)
+
+
+def test_lenient_loading_by_argument_and_by_environment(monkeypatch):
+    cfg = {**CFG, "zero_quantized_weights": False}
+    with pytest.warns(UserWarning, match="zero_quantized_weights"):
+        ds_engine.initialize(model=net(), config=dict(cfg), config_strict=False)
+    monkeypatch.setenv("DS_CONFIG_STRICT", "0")
+    with pytest.warns(UserWarning, match="zero_quantized_weights"):
+        ds_engine.initialize(model=net(), config=dict(cfg))
+    with pytest.raises(ConfigError, match="FLOPs profiler"):  # an enabled missing feature is never ignored
+        ds_engine.initialize(model=net(), config={**cfg, "flops_profiler": {"enabled": True}})
+
+
+def test_dataloader_drop_last_reaches_the_loader():
+    data = torch.utils.data.TensorDataset(torch.randn(10, 4), torch.randn(10, 2))
+    for drop, batches in ((False, 3), (True, 2)):
+        _, _, loader, _ = ds_engine.initialize(
+            model=net(), config={**CFG, "dataloader_drop_last": drop}, training_data=data
+        )
+        assert len(loader) == batches

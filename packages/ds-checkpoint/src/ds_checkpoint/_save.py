@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._errors import ClientStateError, ShardFormatError, TagValidationError
+from ._errors import ClientStateError, SaveDirMismatchError, ShardFormatError, TagValidationError
 from ._format import (
     FORMAT,
     LATEST_FILE,
@@ -82,6 +82,28 @@ def _distributed() -> bool:
 def _barrier(group: dist.ProcessGroup | None) -> None:
     if _distributed():
         dist.barrier(group=group)
+
+
+def check_same_save_dir(save_dir: str | os.PathLike, group: dist.ProcessGroup | None = None) -> None:
+    """Fail on every rank, before anything is written, unless all ranks name the same save directory.
+
+    The ranks of one save write into one directory that rank 0 creates and renames into place; a rank
+    told to write elsewhere (a per-rank timestamp in the name, say) would otherwise die inside a writer.
+    """
+    if not _distributed():
+        return
+    mine = os.path.abspath(save_dir)
+    paths: list[str | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(paths, mine, group=group)
+    differing = [(r, p) for r, p in enumerate(paths) if p != paths[0]]
+    if differing:
+        rank, other = differing[0]
+        raise SaveDirMismatchError(
+            f"save_checkpoint: the ranks passed different save_dirs: rank 0 {paths[0]!r}, rank {rank} {other!r}"
+            f" ({len(differing)} rank(s) differ from rank 0). Nothing was written. Pass the same save_dir on"
+            " every rank (for a timestamped name, make it on rank 0 and broadcast it, e.g. with"
+            " torch.distributed.broadcast_object_list)."
+        )
 
 
 def validate_tag(tag: str, mode: str = "Warn", group: dist.ProcessGroup | None = None) -> bool:
@@ -282,6 +304,7 @@ def save_state(
         )
     rank, world_size = _rank_world(group)
     validate_tag(tag, tag_validation, group)
+    check_same_save_dir(save_dir, group)
     if _distributed():
         # Every rank must write into the same directory: rank 0's tag wins if they differ.
         tags = [tag]

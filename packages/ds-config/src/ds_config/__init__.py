@@ -6,6 +6,21 @@ field names are the JSON keys, e.g. ``cfg.zero_optimization.stage`` or ``cfg.fp1
 """
 
 from ._batch import BatchSizes, derive_batch_sizes
+from ._compat import (
+    AutotuningConfig,
+    CometConfig,
+    CommsLoggerConfig,
+    CSVMonitorConfig,
+    CurriculumLearningConfig,
+    DataEfficiencyConfig,
+    EigenvalueConfig,
+    FlopsProfilerConfig,
+    HybridEngineConfig,
+    ProgressiveLayerDropConfig,
+    TensorBoardConfig,
+    TorchAutocastConfig,
+    WandbConfig,
+)
 from ._errors import ConfigError, ConfigProblem, ConfigWarning
 from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
@@ -36,6 +51,19 @@ from ._models import (
 __version__ = "0.1.0"
 __all__ = [
     "CONFIG_FIELDS",
+    "AutotuningConfig",
+    "CSVMonitorConfig",
+    "CometConfig",
+    "CommsLoggerConfig",
+    "CurriculumLearningConfig",
+    "DataEfficiencyConfig",
+    "EigenvalueConfig",
+    "FlopsProfilerConfig",
+    "HybridEngineConfig",
+    "ProgressiveLayerDropConfig",
+    "TensorBoardConfig",
+    "TorchAutocastConfig",
+    "WandbConfig",
     "NATIVE_OPTIMIZERS",
     "NO_EFFECT",
     "NATIVE_SCHEDULERS",

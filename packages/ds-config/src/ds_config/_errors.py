@@ -18,6 +18,8 @@ class ConfigProblem:
     """What was expected, or what to change."""
     value: Any = _NO_VALUE
     """The offending value, when there is one."""
+    strict_only: bool = False
+    """True for an unknown or unsupported key: non-strict loading would warn and ignore it instead."""
 
     def __str__(self) -> str:
         if self.value is _NO_VALUE:
@@ -36,11 +38,14 @@ class ConfigError(ValueError):
     ``problems`` holds one :class:`ConfigProblem` per problem; ``str(error)`` lists them all.
     """
 
-    def __init__(self, problems: list[ConfigProblem], source: str | None = None) -> None:
+    def __init__(
+        self, problems: list[ConfigProblem], source: str | None = None, hint: str | None = None
+    ) -> None:
         if not problems:
             raise ValueError("ConfigError needs at least one problem")
         self.problems = list(problems)
         self.source = source
+        self.hint = hint
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -49,6 +54,8 @@ class ConfigError(ValueError):
         noun = "problem" if count == 1 else "problems"
         lines = [f"{count} {noun} in DeepSpeed config{where}:"]
         lines += [f"  - {problem}" for problem in self.problems]
+        if self.hint:
+            lines.append(self.hint)
         return "\n".join(lines)
 
     @property

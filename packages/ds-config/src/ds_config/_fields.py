@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ._compat import compat_no_effect
 from ._errors import ConfigWarning
 
 __all__ = ["CONFIG_FIELDS", "NO_EFFECT", "leaf_paths", "section_models", "warn_no_effect"]
@@ -41,6 +42,16 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.offload_optimizer.pipeline_read": _NVME_ONLY,
     "zero_optimization.offload_optimizer.pipeline_write": _NVME_ONLY,
     "zero_optimization.offload_optimizer.fast_init": _NVME_ONLY,
+    "zero_optimization.offload_param.nvme_path": _NVME_ONLY,
+    "zero_optimization.offload_param.buffer_count": _NVME_ONLY,
+    "zero_optimization.offload_param.buffer_size": _NVME_ONLY,
+    "zero_optimization.offload_param.max_in_cpu": _NVME_ONLY,
+    "zero_optimization.offload_param.pin_memory": (
+        "not built: ds's stage-3 parameter offload keeps the CPU copies in pageable memory (pinning only "
+        "speeds up host-to-GPU copies)"
+    ),
+    # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)
+    **compat_no_effect(),
 }
 """Dotted key -> why setting it changes nothing in ds. Rendered into docs/reference/config.md; setting
 one of these keys to a value other than its default warns once per load (:func:`warn_no_effect`)."""

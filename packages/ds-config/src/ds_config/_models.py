@@ -22,6 +22,22 @@ from pydantic import (
 )
 
 from ._batch import BatchSizes
+from ._compat import (
+    AutotuningConfig,
+    CometConfig,
+    CommsLoggerConfig,
+    CSVMonitorConfig,
+    CurriculumLearningConfig,
+    DataEfficiencyConfig,
+    EigenvalueConfig,
+    FlopsProfilerConfig,
+    HybridEngineConfig,
+    ProgressiveLayerDropConfig,
+    TensorBoardConfig,
+    TorchAutocastConfig,
+    WandbConfig,
+    only_default,
+)
 from ._errors import ConfigWarning
 from ._types import JsonBool, JsonFloat, JsonInt
 
@@ -118,6 +134,17 @@ class FP16Config(_Section):
         ),
     )
 
+    # DeepSpeed 0.19 keys that configs carry at their default; any other value asks for a feature ds lacks.
+    auto_cast: Annotated[JsonBool, only_default(False, "fp16.auto_cast (casting the inputs to fp16)")] = (
+        Field(
+            False,
+            description="DeepSpeed: cast the inputs to fp16. Only false is accepted: cast them yourself.",
+        )
+    )
+    fp16_master_weights_and_grads: Annotated[
+        JsonBool, only_default(False, "fp16.fp16_master_weights_and_grads (fp16 master weights)")
+    ] = Field(False, description="DeepSpeed: keep master weights in fp16. Only false: ds keeps fp32 masters.")
+
     @property
     def dynamic_loss_scale(self) -> bool:
         """True when the loss scale is dynamic (``loss_scale == 0``)."""
@@ -135,6 +162,19 @@ class BF16Config(_Section):
             "buffer (the name follows DeepSpeed's data_types.grad_accum_dtype)."
         ),
     )
+    # DeepSpeed 0.19 keys, accepted at their default only.
+    immediate_grad_update: Annotated[
+        JsonBool, only_default(False, "bf16.immediate_grad_update (per-micro-step fp32 gradient update)")
+    ] = Field(False, description="DeepSpeed 0.19 key; only its default false is accepted.")
+    check_grad_overflow: Annotated[
+        JsonBool, only_default(True, "bf16.check_grad_overflow: false (DeepSpeed's unchecked bf16 steps)")
+    ] = Field(True, description="DeepSpeed 0.19 key; only its default true is accepted.")
+    bf16_master_weights_and_grads: Annotated[
+        JsonBool, only_default(False, "bf16.bf16_master_weights_and_grads (bf16 master weights)")
+    ] = Field(False, description="DeepSpeed 0.19 key; only false: ds keeps fp32 master weights.")
+    bf16_optimizer_states: Annotated[
+        JsonBool, only_default(False, "bf16.bf16_optimizer_states (bf16 optimizer state)")
+    ] = Field(False, description="DeepSpeed 0.19 key; only false: ds keeps optimizer state in fp32.")
 
 
 # Keyword arguments of apex.amp.initialize that ds knows how to check; anything else is passed through.
@@ -634,6 +674,56 @@ class DSConfig(_Section):
         None, description="Block-sparse attention layout, one parameter set per mode (none: not used)."
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint options.")
+    dataloader_drop_last: JsonBool = Field(
+        False, description="The loader initialize() builds drops the last incomplete micro-batch."
+    )
+
+    # ---- DeepSpeed 0.19 sections: monitors ds provides, and features it lacks (accepted disabled only)
+    tensorboard: TensorBoardConfig = Field(
+        default_factory=TensorBoardConfig, description="TensorBoard events."
+    )
+    csv_monitor: CSVMonitorConfig = Field(default_factory=CSVMonitorConfig, description="CSV event files.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig, description="Not in ds: disabled only.")
+    comet: CometConfig = Field(default_factory=CometConfig, description="Not in ds: disabled only.")
+    flops_profiler: FlopsProfilerConfig = Field(
+        default_factory=FlopsProfilerConfig, description="Not in ds: disabled only."
+    )
+    comms_logger: CommsLoggerConfig = Field(
+        default_factory=CommsLoggerConfig, description="Not in ds: disabled only."
+    )
+    torch_autocast: TorchAutocastConfig = Field(
+        default_factory=TorchAutocastConfig, description="Not in ds: disabled only."
+    )
+    progressive_layer_drop: ProgressiveLayerDropConfig = Field(
+        default_factory=ProgressiveLayerDropConfig, description="Not in ds: disabled only."
+    )
+    curriculum_learning: CurriculumLearningConfig = Field(
+        default_factory=CurriculumLearningConfig, description="Not in ds: disabled only."
+    )
+    data_efficiency: DataEfficiencyConfig = Field(
+        default_factory=DataEfficiencyConfig, description="Not in ds: disabled only."
+    )
+    eigenvalue: EigenvalueConfig = Field(
+        default_factory=EigenvalueConfig, description="Not in ds: disabled only."
+    )
+    autotuning: AutotuningConfig = Field(
+        default_factory=AutotuningConfig, description="Not in ds: disabled only."
+    )
+    hybrid_engine: HybridEngineConfig = Field(
+        default_factory=HybridEngineConfig, description="Not in ds: disabled only."
+    )
+    disable_allgather: Annotated[JsonBool, only_default(False, "disable_allgather (broadcast-only ZeRO)")] = (
+        Field(False, description="DeepSpeed key; only its default false is accepted.")
+    )
+    memory_breakdown: Annotated[JsonBool, only_default(False, "memory_breakdown (memory logging)")] = Field(
+        False, description="DeepSpeed key; only its default false is accepted."
+    )
+    zero_force_ds_cpu_optimizer: JsonBool = Field(
+        True, description="DeepSpeed key; ds accepts any optimizer with offload, so it has no effect."
+    )
+    use_data_before_expert_parallelism: Annotated[
+        JsonBool, only_default(False, "use_data_before_expert_parallelism (expert parallelism)")
+    ] = Field(False, description="DeepSpeed MoE key; only its default false is accepted.")
 
     _batch: BatchSizes | None = PrivateAttr(None)
 

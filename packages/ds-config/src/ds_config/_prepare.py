@@ -23,8 +23,6 @@ _UNSUPPORTED: dict[str, str] = {
     "communication_data_type": "use fp32_allreduce: true for fp32 reductions (the gradient dtype otherwise)",
     "elasticity": "elastic batch sizing is not supported; give the batch sizes explicitly",
     "bfloat16": 'the old spelling of bf16; write "bf16": {...}',
-    "fp16.auto_cast": "not supported; cast the inputs yourself or use amp",
-    "fp16.fp16_master_weights_and_grads": "not supported; ds keeps fp32 master weights",
 }
 
 
@@ -113,7 +111,7 @@ def _unknown(path: str, key: str, value: Any, candidates: list[str], strict: boo
         message = f"not supported by ds: {_UNSUPPORTED[sub]}"
     else:
         message = f"unknown key{_suggestion(key, path, candidates)}"
-    _report(ConfigProblem(sub, message, value), strict, prep)
+    _report(ConfigProblem(sub, message, value, strict_only=True), strict, prep)
 
 
 def _report(problem: ConfigProblem, strict: bool, prep: Preparation) -> None:
@@ -167,5 +165,5 @@ def _walk_sparse_attention(data: dict[str, Any], path: str, strict: bool, prep: 
             f"is not used in mode '{mode}' (it is used by mode{'s' if len(users) > 1 else ''} "
             f"{', '.join(repr(u) for u in users)}); remove it or change mode"
         )
-        _report(ConfigProblem(_join(path, key), message, value), strict, prep)
+        _report(ConfigProblem(_join(path, key), message, value, strict_only=True), strict, prep)
     _walk(model, data, path, strict, prep)

@@ -34,6 +34,7 @@ class Parts:
     scheduler: Any | None
     dp_group: Any | None
     dp_world_size: int
+    client_optimizer: bool = False  # the script passed the optimizer (or a factory) that steps
 
 
 def model_dtype(cfg: DSConfig) -> torch.dtype:
@@ -66,7 +67,7 @@ def assemble(
     model.to(device=topology.device, dtype=dtype)
     _broadcast_parameters(model, dp_group)
 
-    # 2. The optimizer exists before anything wraps it (a client optimizer wins over none, a config one over it).
+    # 2. The optimizer exists before anything wraps it (the client's wins over the config's, as in DeepSpeed).
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
     basic = _build_optimizer(cfg, params, optimizer, dp_group)
 
@@ -118,7 +119,18 @@ def assemble(
 
     # 6. Activation checkpointing only changes forward, so it is independent of everything above.
     ds_checkpoint.configure(mpu, deepspeed_config=cfg)
-    return Parts(model, dtype, wrapped, basic, scaler, reducer, scheduler, dp_group, dp_world_size)
+    return Parts(
+        model,
+        dtype,
+        wrapped,
+        basic,
+        scaler,
+        reducer,
+        scheduler,
+        dp_group,
+        dp_world_size,
+        optimizer is not None,
+    )
 
 
 def _stage3(
@@ -171,19 +183,30 @@ def _broadcast_parameters(model: nn.Module, group: Any) -> None:
 
 
 def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) -> torch.optim.Optimizer:
+    """The client's optimizer (or the one its factory builds) when given, else the config's.
+
+    DeepSpeed (and spec section 4) let the client optimizer win; the config's section is then unused,
+    which the warning says so that nobody tunes a config that does nothing.
+    """
+    if client is not None:
+        if cfg.optimizer is not None:
+            logger.warning(
+                "both a client optimizer and a config optimizer (%s) were given: using the client's, as "
+                "DeepSpeed does; the config's optimizer section is ignored",
+                cfg.optimizer.type,
+            )
+        return (
+            client(params) if callable(client) and not isinstance(client, torch.optim.Optimizer) else client
+        )
     if cfg.optimizer is not None:
-        if client is not None and not callable(client):
-            logger.warning("both a config optimizer and a client optimizer were given: using the config's")
         # ZeRO offload steps on the CPU partition: Adam becomes CPUAdam there
         offload = cfg.zero_optimization.stage > 0 and cfg.zero_optimization.offload_device == "cpu"
         return ds_optim.optimizer_from_config(
             params, cfg.optimizer, process_group=dp_group, cpu_offload=offload
         )
-    if client is None:
-        raise ValueError(
-            'no optimizer: add an "optimizer" section to the config or pass initialize(optimizer=...)'
-        )
-    return client(params) if callable(client) and not isinstance(client, torch.optim.Optimizer) else client
+    raise ValueError(
+        'no optimizer: add an "optimizer" section to the config or pass initialize(optimizer=...)'
+    )
 
 
 def _build_scheduler(cfg: DSConfig, wrapped: Any, client: Any) -> Any:

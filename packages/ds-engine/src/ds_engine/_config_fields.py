@@ -27,4 +27,12 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "dump_state",
     "checkpoint.tag_validation",
     "zero_optimization.load_from_fp32_weights",
+    # the monitors (_monitor.py) and the loader initialize() builds
+    "csv_monitor.enabled",
+    "csv_monitor.output_path",
+    "csv_monitor.job_name",
+    "tensorboard.enabled",
+    "tensorboard.output_path",
+    "tensorboard.job_name",
+    "dataloader_drop_last",
 )

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +17,24 @@ from ds_launch import Topology
 from torch import nn
 
 from ds_engine._assemble import Parts
+from ds_engine._data import build_dataloader
+from ds_engine._getters import ConfigGetters
+from ds_engine._monitor import Monitor
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
 
 logger = logging.getLogger("ds_engine")
 
 
-class DeepSpeedEngine(nn.Module):
+class DeepSpeedEngine(ConfigGetters, nn.Module):
     """Wraps the model; ``forward``, ``backward(loss)`` and ``step()`` follow DeepSpeed's semantics.
 
     Every ``step()`` call is one micro-step. The optimizer, the LR schedule and the counters act only at
     a gradient-accumulation boundary (every ``gradient_accumulation_steps`` micro-steps). A step skipped
     for fp16 overflow updates nothing, does not step the LR schedule, and counts in ``skipped_steps``
     (``global_steps`` still advances, as in DeepSpeed).
+
+    Attributes the engine does not have are looked up on the wrapped module, as DeepSpeed does, so
+    ``engine.generate(...)`` or ``engine.config_class`` reach the model.
     """
 
     def __init__(
@@ -44,6 +53,10 @@ class DeepSpeedEngine(nn.Module):
         self.global_steps = 0
         self.global_samples = 0
         self.skipped_steps = 0
+        self._boundary_override: bool | None = None
+        self._step_applied = True
+        self._inside_no_sync = False
+        self.monitor = Monitor.from_config(config, topology.rank)
         self.timers = WallClockTimers(config.wall_clock_breakdown, topology.device)
         if config.dump_state and topology.rank == 0:
             self.dump_state()
@@ -58,28 +71,34 @@ class DeepSpeedEngine(nn.Module):
     def gradient_accumulation_steps(self) -> int:
         return self.config.gradient_accumulation_steps
 
-    @property
-    def local_rank(self) -> int:
-        return self.topology.local_rank
-
-    @property
-    def device(self) -> torch.device:
-        return self.topology.device
-
-    @property
-    def world_size(self) -> int:
-        return self.parts.dp_world_size
+    def set_train_batch_size(self, train_batch_size: int) -> None:
+        """Change the global batch by changing gradient accumulation (the micro batch stays), as DeepSpeed."""
+        per_step = self.train_micro_batch_size_per_gpu() * self.world_size
+        if train_batch_size % per_step != 0:
+            raise ValueError(
+                f"Train batch size must be divisible by micro-batch data parallelism: {train_batch_size} is "
+                f"not a multiple of micro batch {self.train_micro_batch_size_per_gpu()} x {self.world_size} ranks"
+            )
+        self.config.gradient_accumulation_steps = train_batch_size // per_step
+        self.config.train_batch_size = train_batch_size
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """True when the coming ``step()`` ends an accumulation window."""
+        """True when the coming ``step()`` ends an accumulation window (or what the script set)."""
+        if self._boundary_override is not None:
+            return self._boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps() == 0
 
-    def get_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """Let the script decide where windows end (DeepSpeed's hook for variable accumulation)."""
+        self._boundary_override = is_boundary
 
     def get_global_grad_norm(self) -> float | None:
         """The unscaled global gradient norm of the last applied step (None before the first)."""
         return getattr(self.optimizer, "global_grad_norm", None)
+
+    def was_step_applied(self) -> bool:
+        """False when the last optimizer step was skipped (fp16 overflow)."""
+        return self._step_applied
 
     @property
     def loss_scale(self) -> float:
@@ -94,8 +113,11 @@ class DeepSpeedEngine(nn.Module):
         """Backward of ``loss / gradient_accumulation_steps`` (scaled for fp16); reduce at a boundary."""
         gas = self.gradient_accumulation_steps()
         scaled = loss.float() / gas if gas > 1 else loss
-        boundary = self.is_gradient_accumulation_boundary()
+        # inside no_sync() the boundary backward keeps its gradients local, as DeepSpeed's does
+        boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
         reducer = self.parts.reducer if self._reduce_this_step() else None
+        if self.is_gradient_accumulation_boundary() and self.monitor.enabled:
+            self.monitor.write_events([("Train/Samples/train_loss", loss.mean().item(), self.global_samples)])
         with self.timers.time(BACKWARD):
             if reducer is not None:
                 reducer.set_boundary(boundary)
@@ -125,14 +147,33 @@ class DeepSpeedEngine(nn.Module):
                     self.lr_scheduler.step()
                 if not applied:
                     self.skipped_steps += 1
+                self._step_applied = applied
                 self.optimizer.zero_grad()
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
+            self._write_step_events()
             self._report()
         self.micro_steps += 1
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
+
+    @contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Backward inside this context does not average gradients across ranks (stage 0 only, as DeepSpeed:
+        ZeRO stages 1 and 2 own the gradients' reduction and cannot defer it)."""
+        if self.zero_optimization_stage() > 0:
+            raise RuntimeError(
+                f"no_sync context manager is incompatible with ZeRO stage {self.zero_optimization_stage()}, "
+                "which reduces gradients itself; use gradient_accumulation_steps instead"
+            )
+        if self._inside_no_sync:
+            raise RuntimeError("no_sync() is already active; do not nest it")
+        self._inside_no_sync = True
+        try:
+            yield
+        finally:
+            self._inside_no_sync = False
 
     def _grads_replicated(self) -> bool:
         """Does every rank hold the same gradients at this step?
@@ -150,11 +191,19 @@ class DeepSpeedEngine(nn.Module):
         return getattr(self.basic_optimizer, "needs_gradient_allreduce", True)
 
     # ------------------------------------------------------------------ logging
+    def _write_step_events(self) -> None:
+        """DeepSpeed's monitor events after each optimizer step: lr, and the loss scale under fp16."""
+        if not self.monitor.enabled:
+            return
+        events = [("Train/Samples/lr", self.get_lr()[0], self.global_samples)]
+        if self.fp16_enabled():
+            events.append(("Train/Samples/loss_scale", self.loss_scale, self.global_samples))
+        self.monitor.write_events(events)
+
     def _report(self) -> None:
         if self.topology.rank != 0 or self.global_steps % self.config.steps_per_print != 0:
             return
-        lr = self.get_lr()
-        mom = [g.get("momentum", g.get("betas")) for g in self.optimizer.param_groups]
+        lr, mom = self.get_lr(), self.get_mom()
         logger.info("step=%d, skipped=%d, lr=%s, mom=%s", self.global_steps, self.skipped_steps, lr, mom)
         if self.timers.enabled:
             logger.info(self.timers.report())
@@ -238,6 +287,83 @@ class DeepSpeedEngine(nn.Module):
         """The full weights; stage 3 gathers them from the partitions (collective)."""
         gathered = getattr(self.optimizer, "module_state_dict", None)
         return gathered() if gathered is not None else self.module.state_dict()
+    def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict:
+        return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+
+    def load_module_state_dict(self, state_dict: dict, strict: bool = True, **_ignored: Any) -> None:
+        self.module.load_state_dict(state_dict, strict=strict)
+
+    def save_16bit_model(
+        self,
+        save_dir: str | Path,
+        save_filename: str = "pytorch_model.bin",
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Rank 0 writes the module's weights (in their training dtype) to ``save_dir/save_filename``.
+
+        A ``.safetensors`` name is written pickle-free; any other name with ``torch.save``, which is what
+        DeepSpeed writes and what ``from_pretrained``-style loaders read.
+        """
+        gathered = getattr(self.optimizer, "gathered_16bit_state_dict", None)
+        if gathered is not None:  # stage 3: collective; None unless stage3_gather_16bit_weights_on_model_save
+            state = gathered()
+            if state is None:
+                if self.global_rank == 0:
+                    logger.warning(
+                        "save_16bit_model at ZeRO stage 3 saved nothing: set "
+                        "zero_optimization.stage3_gather_16bit_weights_on_model_save to true"
+                    )
+                return False
+        else:
+            state = self.module.state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        if self.global_rank == 0:
+            _write_weights(Path(save_dir) / save_filename, state)
+        return True
+
+    save_fp16_model = save_16bit_model
+
+    def deepspeed_io(
+        self,
+        dataset: Any,
+        batch_size: int | None = None,
+        route: str = "train",
+        pin_memory: bool = True,
+        data_sampler: Any = None,
+        collate_fn: Any = None,
+        num_local_io_workers: int | None = None,
+    ) -> Any:
+        """A loader of this rank's micro-batches of ``dataset`` (what ``initialize(training_data=...)`` builds)."""
+        if data_sampler is not None or num_local_io_workers:
+            raise ValueError(
+                "deepspeed_io(data_sampler=..., num_local_io_workers=...) is not supported by ds; build a "
+                "torch DataLoader yourself for a custom sampler"
+            )
+        return build_dataloader(
+            dataset,
+            micro_batch_size=batch_size or self.train_micro_batch_size_per_gpu(),
+            rank=self.dp_rank,
+            world_size=self.world_size,
+            collate_fn=collate_fn,
+            drop_last=self.config.dataloader_drop_last,
+        )
+
+    def destroy(self) -> None:
+        """Release what the engine holds (monitor files); DeepSpeed's teardown hook."""
+        self.monitor.close()
+
+    def __getattr__(self, name: str) -> Any:
+        # nn.Module keeps parameters, buffers and submodules out of __dict__; look there first, then on the
+        # wrapped module (DeepSpeed forwards unknown attributes the same way).
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            module = self.__dict__.get("_modules", {}).get("module")
+            if module is not None and name != "module" and hasattr(module, name):
+                return getattr(module, name)
+            raise
 
     def _sharded_state(self) -> tuple[dict, dict] | None:
         fn = getattr(self.optimizer, "sharded_state_dict", None)
@@ -271,3 +397,17 @@ class DeepSpeedEngine(nn.Module):
 def _group_params(module: nn.Module, group_meta: dict) -> list[torch.Tensor]:
     named = dict(module.named_parameters())
     return [named[p["name"]] for p in group_meta["params"]]
+
+
+def _write_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """Write under a temporary name and rename, so a crash never leaves a half-written weights file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if path.suffix == ".safetensors":
+        import safetensors.torch
+
+        # safetensors refuses tensors that share storage (tied weights): give each its own copy
+        safetensors.torch.save_file({k: v.detach().cpu().clone().contiguous() for k, v in state.items()}, tmp)
+    else:
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, tmp)
+    os.replace(tmp, path)

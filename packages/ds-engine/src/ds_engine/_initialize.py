@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
 import ds_launch
 import torch.distributed as dist
-from ds_config import load_config
+from ds_config import ConfigError, DSConfig, load_config
 from torch import nn
 
 from ds_engine._args import InitializeError, check_local_rank, resolve_config_source
@@ -18,6 +19,8 @@ from ds_engine._engine import DeepSpeedEngine
 from ds_engine._log_handler import AboveProgressBars
 
 logger = logging.getLogger("ds_engine")
+
+STRICT_ENV = "DS_CONFIG_STRICT"
 
 # how ds_launch's rank sources read in a batch-size error ("where the world size came from")
 _WORLD_SIZE_SOURCES = {
@@ -44,12 +47,18 @@ def initialize(
     config: Any = None,
     config_params: Any = None,
     distributed_port: int = 29500,
+    config_strict: bool | None = None,
 ) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """Build the engine; returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` like DeepSpeed.
 
     The config comes from exactly one of ``args.deepspeed_config``, ``config`` (dict, JSON path or
     base64 JSON) and ``config_params``. torch.distributed is initialised from whatever launched the
     script (``ds-launch``, ``mpirun``, torchrun, plain ``python``) unless ``dist_init_required`` is False.
+
+    ``config_strict=False`` (or the environment variable ``DS_CONFIG_STRICT=0``) loads a foreign config
+    leniently: unknown keys warn and are ignored. Enabled features ds lacks are errors either way.
+    With fp32 at ZeRO stage 0 the optimizer returned is the torch optimizer itself (the one the script
+    passed, if it passed one), as in DeepSpeed; otherwise it is the engine's wrapper.
     """
     if model is None:
         raise InitializeError("ds_engine.initialize requires a model: initialize(model=my_module, ...)")
@@ -63,14 +72,13 @@ def initialize(
     topology = ds_launch.init_distributed(distributed_port=distributed_port)
     check_local_rank(args, topology.local_rank)
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
-    cfg = load_config(
+    cfg = _load(
         source,
-        world_size=dp_world_size,
-        world_size_source=(
-            "mpu data-parallel group"
-            if mpu is not None
-            else _WORLD_SIZE_SOURCES.get(topology.source, topology.source)
-        ),
+        dp_world_size,
+        "mpu data-parallel group"
+        if mpu is not None
+        else _WORLD_SIZE_SOURCES.get(topology.source, topology.source),
+        config_strict,
     )
     parts = assemble(
         model,
@@ -90,6 +98,7 @@ def initialize(
             rank=dp_rank,
             world_size=dp_world_size,
             collate_fn=collate_fn,
+            drop_last=cfg.dataloader_drop_last,
         )
     engine = DeepSpeedEngine(parts, cfg, topology, loader)
     if topology.rank == 0:
@@ -102,7 +111,28 @@ def initialize(
             cfg.zero_optimization.stage,
             parts.dtype,
         )
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    # DeepSpeed hands back its own wrapper only when there is one; at fp32 stage 0 it is the bare optimizer
+    bare = cfg.precision == "fp32" and cfg.zero_optimization.stage == 0
+    return engine, engine.basic_optimizer if bare else engine.optimizer, loader, engine.lr_scheduler
+
+
+def _load(source: Any, world_size: int, world_size_source: str, strict: bool | None) -> DSConfig:
+    """``load_config``, strict unless the caller or ``DS_CONFIG_STRICT=0`` asks otherwise."""
+    if strict is None:
+        strict = os.environ.get(STRICT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    try:
+        return load_config(source, world_size=world_size, world_size_source=world_size_source, strict=strict)
+    except ConfigError as exc:
+        if strict and any(p.strict_only for p in exc.problems):
+            raise ConfigError(
+                exc.problems,
+                exc.source,
+                hint=(
+                    "To load this config anyway, ignoring (with a warning) the keys ds does not know: "
+                    f"initialize(..., config_strict=False) or the environment variable {STRICT_ENV}=0."
+                ),
+            ) from None
+        raise
 
 
 def _setup_logging() -> None:

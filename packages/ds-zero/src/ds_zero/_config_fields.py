@@ -19,4 +19,9 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.reduce_scatter",
     "zero_optimization.contiguous_gradients",
     "zero_optimization.allgather_partitions",
+    # stage 3 (ds_zero/stage3/_options.py)
+    "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_gather_16bit_weights_on_model_save",
+    "zero_optimization.stage3_gather_fp16_weights_on_model_save",
+    "zero_optimization.offload_param.device",
 )

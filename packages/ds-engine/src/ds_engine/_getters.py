@@ -1,0 +1,171 @@
+"""The engine's DeepSpeed-named getters: what the config and the topology say, under DeepSpeed's names.
+
+Scripts, trainers (Hugging Face, Lightning) and logging code call these on the engine. They only read;
+everything that acts lives in ``_engine.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from ds_config import DSConfig
+from ds_launch import Topology
+
+
+class ConfigGetters:
+    """Mixed into ``DeepSpeedEngine``; expects ``config``, ``topology``, ``parts`` and ``optimizer``."""
+
+    config: DSConfig
+    topology: Topology
+    parts: Any
+    optimizer: Any
+
+    # ------------------------------------------------------------------ precision
+    def fp16_enabled(self) -> bool:
+        return self.config.fp16.enabled
+
+    def bfloat16_enabled(self) -> bool:
+        return self.config.bf16.enabled
+
+    def amp_enabled(self) -> bool:
+        return self.config.amp.enabled
+
+    def dynamic_loss_scale(self) -> bool:
+        return self.config.fp16.enabled and self.config.fp16.dynamic_loss_scale
+
+    def get_data_types(self) -> tuple[torch.dtype, torch.dtype | None]:
+        """(model dtype, gradient-accumulation dtype) as DeepSpeed reports them."""
+        accum = (
+            torch.float32
+            if self.config.bf16.enabled and self.config.bf16.grad_accum_dtype == "fp32"
+            else None
+        )
+        return self.parts.dtype, accum or self.parts.dtype
+
+    # ------------------------------------------------------------------ ZeRO
+    def zero_optimization(self) -> bool:
+        return self.zero_optimization_stage() > 0
+
+    def zero_optimization_stage(self) -> int:
+        return self.config.zero_optimization.stage
+
+    def zero_optimization_partition_gradients(self) -> bool:
+        return self.zero_optimization_stage() >= 2
+
+    def zero_optimization_partition_weights(self) -> bool:
+        return self.zero_optimization_stage() >= 3
+
+    def zero_cpu_offload(self) -> bool:
+        return self.config.zero_optimization.offload_device == "cpu"
+
+    zero_offload_optimizer = zero_cpu_offload
+
+    def zero_allow_untested_optimizer(self) -> bool:
+        return self.config.zero_allow_untested_optimizer
+
+    def zero_reduce_bucket_size(self) -> int:
+        return self.config.zero_optimization.reduce_bucket_size
+
+    def zero_allgather_bucket_size(self) -> int:
+        return self.config.zero_optimization.allgather_bucket_size
+
+    def zero_overlap_comm(self) -> bool:
+        return self.config.zero_optimization.overlap_comm
+
+    def zero_contiguous_gradients(self) -> bool:
+        return self.config.zero_optimization.contiguous_gradients
+
+    def zero_reduce_scatter(self) -> bool:
+        return self.config.zero_optimization.reduce_scatter
+
+    # ------------------------------------------------------------------ gradients
+    def gradient_clipping(self) -> float:
+        return self.config.gradient_clipping
+
+    def postscale_gradients(self) -> bool:
+        return not self.config.prescale_gradients
+
+    def gradient_predivide_factor(self) -> float:
+        return self.config.gradient_predivide_factor
+
+    def sparse_gradients_enabled(self) -> bool:
+        return self.config.sparse_gradients
+
+    # ------------------------------------------------------------------ optimizer and schedule
+    def optimizer_name(self) -> str | None:
+        """The config optimizer's type, or the client optimizer's class name."""
+        if self.config.optimizer is not None and not self.parts.client_optimizer:
+            return self.config.optimizer.type
+        return type(self.parts.basic_optimizer).__name__
+
+    def optimizer_params(self) -> dict[str, Any] | None:
+        return self.config.optimizer.params if self.config.optimizer is not None else None
+
+    def scheduler_name(self) -> str | None:
+        return self.config.scheduler.type if self.config.scheduler is not None else None
+
+    def scheduler_params(self) -> dict[str, Any] | None:
+        return self.config.scheduler.params if self.config.scheduler is not None else None
+
+    def get_lr(self) -> list[float]:
+        return [group["lr"] for group in self.optimizer.param_groups]
+
+    def get_mom(self) -> list[Any]:
+        """Each group's momentum: ``betas`` for Adam-like optimizers, ``momentum`` for SGD-like ones."""
+        return [group.get("betas", group.get("momentum")) for group in self.optimizer.param_groups]
+
+    def get_type(self) -> list[str]:
+        return [type(self.parts.basic_optimizer).__name__]
+
+    # ------------------------------------------------------------------ logging and checkpoints
+    def steps_per_print(self) -> int:
+        return self.config.steps_per_print
+
+    def wall_clock_breakdown(self) -> bool:
+        return self.config.wall_clock_breakdown
+
+    def checkpoint_tag_validation_enabled(self) -> bool:
+        return self.config.checkpoint.tag_validation != "Ignore"
+
+    def checkpoint_tag_validation_fail(self) -> bool:
+        return self.config.checkpoint.tag_validation == "Fail"
+
+    def elasticity_enabled(self) -> bool:
+        return False  # elasticity is rejected by ds_config when enabled
+
+    # ------------------------------------------------------------------ topology
+    @property
+    def local_rank(self) -> int:
+        return self.topology.local_rank
+
+    @property
+    def global_rank(self) -> int:
+        return self.topology.rank
+
+    @property
+    def device(self) -> torch.device:
+        return self.topology.device
+
+    @property
+    def world_size(self) -> int:
+        """The data-parallel world size (DeepSpeed's ``engine.world_size`` is the same)."""
+        return self.parts.dp_world_size
+
+    @property
+    def dp_world_size(self) -> int:
+        return self.parts.dp_world_size
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's index in the data-parallel group."""
+        dist = torch.distributed
+        return dist.get_rank(self.parts.dp_group) if dist.is_available() and dist.is_initialized() else 0
+
+    @property
+    def mp_world_size(self) -> int:
+        return self.topology.world_size // self.parts.dp_world_size
+
+    @property
+    def data_parallel_group(self) -> Any:
+        return self.parts.dp_group if self.parts.dp_group is not None else torch.distributed.group.WORLD
