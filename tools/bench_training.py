@@ -125,6 +125,18 @@ def plan_cases(args: argparse.Namespace, ds_stages: list[int]) -> list[dict]:
 
 
 # ------------------------------------------------------------------ summary and tables
+def progress_line(run: dict, spec: dict, round_: int) -> str:
+    """One line per finished case, so that a long run shows (and an interrupted one keeps) its figures."""
+    where = f"[{spec['world']} ranks {spec['dtype']} round {round_ + 1}] {case_label(spec)}"
+    if "error" in run:
+        return f"{where}: failed: {run['error']}"
+    step, ceiling = statistics.median(run["step_s"]), statistics.median(run["ceiling_s"])
+    return (
+        f"{where}: step {_ms(step):.1f} ms, ceiling {_ms(ceiling):.1f} ms, overhead {_ms(step - ceiling):.1f} ms, "
+        f"live after step {run['live_bytes_after_step'] / MIB:.1f} MiB"
+    )
+
+
 def _ms(seconds: float) -> float:
     return seconds * 1e3
 
@@ -298,9 +310,10 @@ def main() -> None:
                 "warmup": args.warmup,
             }
             runs: list[list[dict]] = [[] for _ in cases]
-            for _ in range(args.repeats):
+            for round_ in range(args.repeats):
                 for case, case_runs in zip(cases, runs):
                     case_runs.append(run_case_subprocess({**base, **case}))
+                    print(progress_line(case_runs[-1], {**base, **case}, round_), flush=True)
             rows = [{**base, **case, **summarise(r, world, dtype)} for case, r in zip(cases, runs)]
             for row, case_runs in zip(rows, runs):
                 report["results"].append({**row, "runs": case_runs})
