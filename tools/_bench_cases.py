@@ -43,6 +43,8 @@ class ModelDims:
 MODELS = {
     # the 13.3M-parameter GPT of docs/benchmarks.md
     "gpt13m": ModelDims(vocab=16_000, width=384, layers=4, heads=6, seq=256, micro_batch=4),
+    # 4.2M parameters, about a sixth of gpt13m's work per step: bf16 memory checks in reasonable time
+    "small": ModelDims(vocab=4_096, width=256, layers=4, heads=4, seq=128, micro_batch=4),
     # for checking the tool itself in seconds
     "tiny": ModelDims(vocab=1_024, width=128, layers=2, heads=4, seq=64, micro_batch=2),
 }
