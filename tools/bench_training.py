@@ -298,7 +298,8 @@ def main() -> None:
     ]
     print("\n".join(header), flush=True)
 
-    report: dict = {"command": command, "notes": notes, "settings": vars(args), "results": []}
+    report: dict = {"command": command, "notes": notes, "settings": vars(args), "runs": [], "results": []}
+    out = Path(args.json)
     for world in _ints(args.world):
         for dtype in args.dtypes.split(","):
             cases = plan_cases(args, ds_stages)
@@ -314,12 +315,14 @@ def main() -> None:
                 for case, case_runs in zip(cases, runs):
                     case_runs.append(run_case_subprocess({**base, **case}))
                     print(progress_line(case_runs[-1], {**base, **case}, round_), flush=True)
+                    # written after every case: an interrupted run keeps what it measured
+                    report["runs"].append({**base, **case, "round": round_, **case_runs[-1]})
+                    out.write_text(json.dumps(report, indent=1))
             rows = [{**base, **case, **summarise(r, world, dtype)} for case, r in zip(cases, runs)]
-            for row, case_runs in zip(rows, runs):
-                report["results"].append({**row, "runs": case_runs})
+            report["results"] += rows
             print("\n" + table(rows, world, dtype, args.repeats), flush=True)
     report["load_average_end"] = os.getloadavg()[0]
-    Path(args.json).write_text(json.dumps(report, indent=1))
+    out.write_text(json.dumps(report, indent=1))
     print(f"\nload average at the end {report['load_average_end']:.1f}; every figure in {args.json}")
 
 
