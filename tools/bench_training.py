@@ -181,6 +181,11 @@ def formula_stage(spec: dict) -> int:
     return {"ddp": 0, "fsdp2": 3}.get(spec["impl"], spec["stage"])
 
 
+def _ratio(ours: float, theirs: float) -> str:
+    """A ratio of overheads means nothing when either is not above zero (noise larger than the overhead)."""
+    return f"{ours / theirs:.2f}x" if ours > 0 and theirs > 0 else "n/a (an overhead <= 0: noise)"
+
+
 def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
     over = {
         (r["impl"], r["stage"]): r["overhead_ms"] for r in rows if "error" not in r and not r.get("offload")
@@ -201,8 +206,8 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
             continue
         ratio = ""
         base = over.get(("deepspeed", r["stage"]))
-        if r["impl"] == "ds" and not r.get("offload") and base:
-            ratio = f"{r['overhead_ms'] / base:.2f}x"
+        if r["impl"] == "ds" and not r.get("offload") and base is not None:
+            ratio = _ratio(r["overhead_ms"], base)
         formula = zero_formula_bytes(r["numel"], formula_stage(r), dtype, world) / MIB
         name = case_label(r).rsplit(" stage", 1)[0]
         lo, hi = r["overhead_spread_ms"]
@@ -213,7 +218,7 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
             f"{formula:.1f} |"
         )
     if ("ds", 0) in over and ("ddp", 0) in over:
-        lines += ["", f"ds stage 0 overhead / DDP overhead: {over[('ds', 0)] / over[('ddp', 0)]:.2f}x"]
+        lines += ["", f"ds stage 0 overhead / DDP overhead: {_ratio(over[('ds', 0)], over[('ddp', 0)])}"]
     return "\n".join(lines)
 
 
