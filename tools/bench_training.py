@@ -1,15 +1,27 @@
 #!/usr/bin/env python
-"""Training throughput and memory: ds (through ds_engine.initialize) vs PyTorch DDP (gloo) vs DeepSpeed (CPU).
+"""Engine overhead and memory: ds vs PyTorch DDP vs FSDP2 vs DeepSpeed 0.19.8, side by side in one run.
 
-One run trains a GPT-style model (about 13M parameters: 4 layers, width 384, sequence 256, micro batch
-4) on 2 ranks in fp32 and bf16 at ZeRO stages 0/1/2, and prints a markdown table of tokens/s and per-rank
-memory against the ZeRO formula. The "ceiling" rows run forward and backward alone on the same 2 ranks
-(no gradient communication, no optimizer step): no engine can be faster, so ceiling/DeepSpeed bounds any
-engine's speed-up over DeepSpeed. ds and DeepSpeed get the same config and the same client AdamW. When
-/work/venvs/deepspeed exists, the real ``deepspeed`` package runs there (DS_ACCELERATOR=cpu), launched as
-a subprocess of this script with that venv's python.
+Every case trains the same GPT (``--model``; the default is the 13.3M-parameter one of docs/benchmarks.md)
+with the same config and client AdamW, on ``--world`` ranks over gloo, in fp32 and/or bf16:
+ds at ZeRO stages 0-3 (3 only when the installed ds-config accepts it) plus ds's own ZeRO-2 optimizer
+offload step, DDP, FSDP2 (``fully_shard``), and the real DeepSpeed at stages 0-3 from
+/work/venvs/deepspeed (DS_ACCELERATOR=cpu). Each case runs in fresh processes, one per rank.
 
-    .venv/bin/python tools/bench_training.py [--steps 4] [--warmup 1] [--no-deepspeed]
+Speed. Before each engine step, every rank times a plain forward+backward of an identical copy of the
+model on the same batch (the *ceiling*: no communication, no optimizer), in the same process, so
+launchers and pinning cannot differ between the two. overhead = median(step) - median(ceiling), per
+repeat; a step or ceiling lasts as long as its slowest rank. The cases are interleaved within each of
+``--repeats`` rounds, so drift in the machine's load hits every implementation alike; the table shows
+the median over rounds and the min..max spread of the overhead.
+
+Memory, measured the same way for every implementation on rank 0 (tools/_bench_memory.py): bytes of
+every distinct tensor storage alive in the process (gc walk plus module grads/buffers and optimizer
+state, deduplicated by storage pointer) after the backward and after the step of one extra step, and
+that step's peak RSS. The ZeRO formula is printed next to them, computed separately and labelled.
+
+    .venv/bin/python tools/bench_training.py --world 2 --dtypes fp32 --steps 20 --repeats 3
+    .venv/bin/python tools/bench_training.py --model tiny --steps 3 --repeats 1      # checks the tool
+    .venv/bin/python tools/bench_training.py --collectives                          # gloo collectives
 """
 
 from __future__ import annotations
@@ -17,371 +29,306 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
+import shlex
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch import nn
+TOOLS = Path(__file__).resolve().parent
+sys.path[:0] = [str(TOOLS), str(TOOLS.parent / "testing")]  # _bench_* modules and rank_testing.spawn
 
-VOCAB = 16_000
-WIDTH = 384
-LAYERS = 4
-HEADS = 6
-SEQ = 256
-MICRO_BATCH = 4
-WORLD = 2
-LR = 1e-4
-CLIP = 1.0
 DS_PYTHON = Path("/work/venvs/deepspeed/bin/python")
-STAGES = (0, 1, 2)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+STAGES = (0, 1, 2, 3)
+CASE_TIMEOUT_S = 3600
+MIB = 2**20
 
 
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention then a 4x MLP."""
+def zero_formula_bytes(numel: int, stage: int, dtype: str, world: int) -> float:
+    """FORMULA, not a measurement: the ZeRO paper's per-rank model-state bytes.
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.ln1 = nn.LayerNorm(WIDTH)
-        self.qkv = nn.Linear(WIDTH, 3 * WIDTH)
-        self.proj = nn.Linear(WIDTH, WIDTH)
-        self.ln2 = nn.LayerNorm(WIDTH)
-        self.fc = nn.Linear(WIDTH, 4 * WIDTH)
-        self.out = nn.Linear(4 * WIDTH, WIDTH)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, HEADS, c // HEADS).transpose(1, 2) for z in (q, k, v))  # (B, nh, T, hs)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
+    fp32: weights 4, gradients 4, Adam moments 8 bytes per parameter (the weights are their own master).
+    bf16: weights 2, gradients 2, fp32 master + moments 12. Stage >= 1 divides the optimizer part by the
+    world size, stage >= 2 also the gradients, stage 3 also the weights.
+    """
+    weights, grads, optim = (4, 4, 8) if dtype == "fp32" else (2, 2, 12)
+    return numel * (
+        weights / (world if stage >= 3 else 1)
+        + grads / (world if stage >= 2 else 1)
+        + optim / (world if stage >= 1 else 1)
+    )
 
 
-class GPT(nn.Module):
-    """GPT-2 style language model with the output head tied to the token embedding."""
+def ds_accepts_stage3() -> str | None:
+    """None when the installed ds-config accepts ZeRO stage 3, else the reason it gives."""
+    from ds_config import ConfigError, load_config
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(VOCAB, WIDTH)
-        self.pos = nn.Embedding(SEQ, WIDTH)
-        self.blocks = nn.ModuleList(Block() for _ in range(LAYERS))
-        self.ln_f = nn.LayerNorm(WIDTH)
-
-    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.ln_f(x) @ self.tok.weight.t()  # (B, T, V)
-        return nn.functional.cross_entropy(logits.float().view(-1, VOCAB), targets.reshape(-1))
+    try:
+        load_config({"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}})
+    except ConfigError as exc:
+        return str(exc).strip().splitlines()[-1]
+    return None
 
 
-def make_model(dtype: torch.dtype) -> GPT:
-    torch.manual_seed(0)
-    return GPT().to(dtype)
+# ------------------------------------------------------------------ one case, in its own processes
+def case_worker(spec: dict) -> None:
+    """Entry point of ``--case``: spawn the ranks, combine them, print one CASE_RESULT line."""
+    import torch
+    from _bench_cases import combine_ranks, run_case
+    from rank_testing import spawn
+
+    result = combine_ranks(spawn(run_case, spec["world"], spec, timeout_s=CASE_TIMEOUT_S))
+    result["versions"] = {"torch": torch.__version__}
+    if spec["impl"] == "deepspeed":
+        import deepspeed
+
+        result["versions"]["deepspeed"] = deepspeed.__version__
+    print("CASE_RESULT " + json.dumps(result), flush=True)
 
 
-def batch(rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 * rank + step)
-    tokens = torch.randint(0, VOCAB, (MICRO_BATCH, SEQ + 1), generator=g)
-    return tokens[:, :-1], tokens[:, 1:]
+def run_case_subprocess(spec: dict) -> dict:
+    """Run one case with the right python (DeepSpeed's venv for DeepSpeed); failures become a row."""
+    deepspeed = spec["impl"] == "deepspeed"
+    python = str(DS_PYTHON) if deepspeed else sys.executable
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
+    cmd = [python, str(Path(__file__).resolve()), "--case", json.dumps(spec)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {CASE_TIMEOUT_S} s"}
+    for line in proc.stdout.splitlines():
+        if line.startswith("CASE_RESULT "):
+            return json.loads(line[len("CASE_RESULT ") :])
+    tail = (proc.stderr or proc.stdout)[-2000:]
+    print(f"case {case_label(spec)} failed (exit {proc.returncode}):\n{tail}", file=sys.stderr)
+    return {"error": f"exit {proc.returncode}: {tail.strip().splitlines()[-1] if tail.strip() else ''}"}
 
 
-def zero_formula_bytes(numel: int, stage: int, dtype: torch.dtype, world: int) -> int:
-    """ZeRO paper accounting per rank: low-precision params + grads (/N at stage 2) + fp32 master
-    and Adam's two moments (/N at stages 1 and 2). Stage 0 keeps everything whole."""
-    b = torch.tensor([], dtype=dtype).element_size()
-    padded = -(-numel // (2 * world)) * 2 * world
-    if stage == 0:
-        return numel * b * 2 + numel * 8 + (numel * 4 if dtype != torch.float32 else 0)
-    grads = padded * b // world if stage == 2 else padded * b
-    return numel * b + grads + padded * 12 // world
+def case_label(spec: dict) -> str:
+    name = spec["impl"] + (" offload" if spec.get("offload") else "")
+    return f"{name} stage {spec['stage']}" if spec["impl"] in ("ds", "deepspeed") else name
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+def plan_cases(args: argparse.Namespace, ds_stages: list[int]) -> list[dict]:
+    """One round of cases, ds and DeepSpeed interleaved stage by stage so drift hits both alike."""
+    impls = set(args.impls.split(","))
+    cases: list[dict] = [{"impl": i, "stage": 0} for i in ("ddp", "fsdp2") if i in impls]
+    for stage in STAGES:
+        if "ds" in impls and stage in ds_stages:
+            cases.append({"impl": "ds", "stage": stage})
+        if "deepspeed" in impls and stage in args.stages:
+            cases.append({"impl": "deepspeed", "stage": stage})
+    if "ds-offload" in impls:
+        cases.append({"impl": "ds", "stage": 2, "offload": True})
+    return cases
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# ------------------------------------------------------------------ summary and tables
+def progress_line(run: dict, spec: dict, round_: int) -> str:
+    """One line per finished case, so that a long run shows (and an interrupted one keeps) its figures."""
+    where = f"[{spec['world']} ranks {spec['dtype']} round {round_ + 1}] {case_label(spec)}"
+    if "error" in run:
+        return f"{where}: failed: {run['error']}"
+    step, ceiling = statistics.median(run["step_s"]), statistics.median(run["ceiling_s"])
+    return (
+        f"{where}: step {_ms(step):.1f} ms, ceiling {_ms(ceiling):.1f} ms, overhead {_ms(step - ceiling):.1f} ms, "
+        f"live after step {run['live_bytes_after_step'] / MIB:.1f} MiB"
+    )
 
 
-def _timed_loop(step_fn, steps: int, warmup: int) -> float:
-    """Seconds per optimizer step, measured after warm-up, with the ranks lined up before and after."""
-    for i in range(warmup):
-        step_fn(i)
-    dist.barrier()
-    start = time.perf_counter()
-    for i in range(steps):
-        step_fn(warmup + i)
-    dist.barrier()
-    return (time.perf_counter() - start) / steps
+def _ms(seconds: float) -> float:
+    return seconds * 1e3
 
 
-def _config(stage: int, dtype_name: str) -> dict:
-    """The config both ds and DeepSpeed run (DeepSpeed 0.19 defaults gradient_clipping to 1.0: explicit here)."""
+def summarise(runs: list[dict], world: int, dtype: str) -> dict:
+    """Medians over repeats of one case; spread of the overhead over repeats (or over paired steps)."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return {"error": runs[-1]["error"]}
+    step = [statistics.median(r["step_s"]) for r in ok]
+    ceiling = [statistics.median(r["ceiling_s"]) for r in ok]
+    overhead = [s - c for s, c in zip(step, ceiling)]
+    if len(ok) > 1:
+        spread = (min(overhead), max(overhead))
+    else:  # one round: quartiles of the paired per-step differences
+        q = statistics.quantiles([s - c for s, c in zip(ok[0]["step_s"], ok[0]["ceiling_s"])], n=4)
+        spread = (q[0], q[2])
+    numel = ok[0]["numel"]
+
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in ok)
+
     return {
-        "train_micro_batch_size_per_gpu": MICRO_BATCH,
-        "gradient_accumulation_steps": 1,
-        "gradient_clipping": CLIP,
-        "zero_optimization": {"stage": stage},
-        "bf16": {"enabled": dtype_name == "bf16"},
-        "steps_per_print": 10_000,
+        "step_ms": _ms(statistics.median(step)),
+        "ceiling_ms": _ms(statistics.median(ceiling)),
+        "overhead_ms": _ms(statistics.median(overhead)),
+        "overhead_spread_ms": [_ms(spread[0]), _ms(spread[1])],
+        "live_mib_after_backward": med("live_bytes_after_backward") / MIB,
+        "live_mib_after_step": med("live_bytes_after_step") / MIB,
+        "peak_rss_mib": med("peak_rss_bytes") / MIB,
+        "peak_rss_above_start_mib": statistics.median(
+            r["peak_rss_bytes"] - r["baseline_rss_bytes"] for r in ok
+        )
+        / MIB,
+        "numel": numel,
+        "rounds": len(ok),
     }
 
 
-def _ours_case(rank: int, impl: str, stage: int, dtype: torch.dtype, steps: int, warmup: int) -> dict:
-    model = make_model(torch.float32)
-    numel = sum(p.numel() for p in model.parameters())
-    memory = None
-    if impl == "ceiling":  # forward and backward only: no gradient communication, no optimizer step
-        model = model.to(dtype)
-
-        def step_fn(i: int) -> None:
-            model(*batch(rank, i)).backward()
-            model.zero_grad()
-    elif impl == "ddp":
-        model = model.to(dtype)
-        opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        ddp = nn.parallel.DistributedDataParallel(model)
-
-        def step_fn(i: int) -> None:
-            ddp(*batch(rank, i)).backward()
-            nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            opt.step()
-            opt.zero_grad()
-    else:
-        import ds_engine
-
-        opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        dtype_name = "bf16" if dtype == torch.bfloat16 else "fp32"
-        engine, *_ = ds_engine.initialize(model=model, optimizer=opt, config=_config(stage, dtype_name))
-
-        def step_fn(i: int) -> None:
-            engine.backward(engine(*batch(rank, i)))
-            engine.step()
-
-    seconds = _timed_loop(step_fn, steps, warmup)
-    if impl == "ds" and stage > 0:
-        memory = engine.optimizer.memory_report().total_bytes
-    elif impl == "ds":  # stage 0 holds everything whole: weights, grads, fp32 master (bf16) and Adam state
-        params = list(engine.module.parameters())
-        memory = sum(2 * _nbytes(p) for p in params)
-        if dtype != torch.float32:
-            memory += sum(4 * p.numel() * 2 for p in params)  # fp32 master + fp32 grad buffer
-        memory += sum(
-            _nbytes(v)
-            for s in engine.basic_optimizer.state.values()
-            for v in s.values()
-            if torch.is_tensor(v)
-        )
-    return {"seconds_per_step": seconds, "numel": numel, "memory_bytes": memory}
+def formula_stage(spec: dict) -> int:
+    """The ZeRO stage whose formula describes a case: DDP keeps everything whole, FSDP2 shards all."""
+    return {"ddp": 0, "fsdp2": 3}.get(spec["impl"], spec["stage"])
 
 
-def _ours_worker(rank: int, port: int, cases: list, steps: int, warmup: int, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    results = []
-    try:
-        for impl, stage, dtype_name in cases:
-            r = _ours_case(rank, impl, stage, DTYPES[dtype_name], steps, warmup)
-            results.append({"impl": impl, "stage": stage, "dtype": dtype_name, **r})
-    except Exception as exc:  # the parent waits on the queue: always answer it
-        queue.put((rank, f"{type(exc).__name__}: {exc}"))
-        raise
-    queue.put((rank, results))
-    dist.destroy_process_group()
+def _ratio(ours: float, theirs: float) -> str:
+    """A ratio of overheads means nothing when either is not above zero (noise larger than the overhead)."""
+    return f"{ours / theirs:.2f}x" if ours > 0 and theirs > 0 else "n/a (an overhead <= 0: noise)"
 
 
-def _run_spawned(worker, cases: list, steps: int, warmup: int) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=worker, args=(r, port, cases, steps, warmup, queue)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    by_rank = dict(queue.get(timeout=3600) for _ in procs)
-    for p in procs:
-        p.join()
-    failed = [f"rank {r}: {v}" for r, v in by_rank.items() if isinstance(v, str)]
-    if failed:
-        raise RuntimeError("benchmark worker failed: " + "; ".join(failed))
-    return by_rank[0]
-
-
-# ---------------------------------------------------------------------- the real DeepSpeed
-def _ds_worker(rank: int, port: int, cases: list, steps: int, warmup: int, queue) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        WORLD_SIZE=str(WORLD),
-        LOCAL_RANK=str(rank),
-        LOCAL_SIZE=str(WORLD),
-    )
-    torch.set_num_threads(1)
-    import deepspeed
-
-    deepspeed.init_distributed(dist_backend="gloo")
-    results = []
-    try:
-        results = _ds_cases(rank, cases, steps, warmup)
-    except Exception as exc:
-        queue.put((rank, f"{type(exc).__name__}: {exc}"))
-        raise
-    queue.put((rank, results))
-
-
-def _ds_cases(rank: int, cases: list, steps: int, warmup: int) -> list[dict]:
-    import deepspeed
-
-    results = []
-    for _, stage, dtype_name in cases:
-        model = make_model(torch.float32)
-        numel = sum(p.numel() for p in model.parameters())
-        config = {**_config(stage, dtype_name), "zero_allow_untested_optimizer": True}
-        opt = torch.optim.AdamW(model.parameters(), lr=LR)
-        engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=config)
-
-        def step_fn(i: int, engine=engine) -> None:
-            idx, tgt = batch(rank, i)
-            engine.backward(engine(idx, tgt))
-            engine.step()
-
-        seconds = _timed_loop(step_fn, steps, warmup)
-        results.append(
-            {
-                "impl": "deepspeed",
-                "stage": stage,
-                "dtype": dtype_name,
-                "seconds_per_step": seconds,
-                "numel": numel,
-                "memory_bytes": None,
-            }
-        )
-        del engine
-    return results
-
-
-def _run_deepspeed(cases: list, steps: int, warmup: int) -> list[dict]:
-    """Run the DeepSpeed cases in the deepspeed venv; returns [] with a note when it cannot."""
-    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
-    cmd = [
-        str(DS_PYTHON),
-        __file__,
-        "--deepspeed-worker",
-        json.dumps({"cases": cases, "steps": steps, "warmup": warmup}),
+def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
+    over = {
+        (r["impl"], r["stage"]): r["overhead_ms"] for r in rows if "error" not in r and not r.get("offload")
+    }
+    spread_note = "min..max over rounds" if repeats > 1 else "p25..p75 of per-step step-ceiling"
+    lines = [
+        f"### {world} ranks, {dtype}",
+        "",
+        f"| impl | stage | step ms | ceiling ms | overhead ms | spread ({spread_note}) "
+        "| ds / DeepSpeed overhead | live MiB after backward | live MiB after step "
+        "| peak RSS MiB (above start) | ZeRO formula MiB (formula) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-    for line in proc.stdout.splitlines():
-        if line.startswith("DS_RESULTS "):
-            return json.loads(line[len("DS_RESULTS ") :])
-    print(f"deepspeed run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}", file=sys.stderr)
-    return []
+    for r in rows:
+        stage = r["stage"] if r["impl"] in ("ds", "deepspeed") else "-"
+        if "error" in r:
+            lines.append(f"| {case_label(r)} | {stage} | failed: {r['error']} |" + " |" * 8)
+            continue
+        ratio = ""
+        base = over.get(("deepspeed", r["stage"]))
+        if r["impl"] == "ds" and not r.get("offload") and base is not None:
+            ratio = _ratio(r["overhead_ms"], base)
+        formula = zero_formula_bytes(r["numel"], formula_stage(r), dtype, world) / MIB
+        name = case_label(r).rsplit(" stage", 1)[0]
+        lo, hi = r["overhead_spread_ms"]
+        lines.append(
+            f"| {name} | {stage} | {r['step_ms']:.1f} | {r['ceiling_ms']:.1f} | {r['overhead_ms']:.1f} | "
+            f"{lo:.1f}..{hi:.1f} | {ratio} | {r['live_mib_after_backward']:.1f} | "
+            f"{r['live_mib_after_step']:.1f} | {r['peak_rss_mib']:.0f} ({r['peak_rss_above_start_mib']:+.0f}) | "
+            f"{formula:.1f} |"
+        )
+    if ("ds", 0) in over and ("ddp", 0) in over:
+        lines += ["", f"ds stage 0 overhead / DDP overhead: {_ratio(over[('ds', 0)], over[('ddp', 0)])}"]
+    return "\n".join(lines)
 
 
-def _collectives_worker(rank: int, port: int, cases: list, steps: int, warmup: int, queue) -> None:
-    """Time the gloo collectives that could carry ZeRO's reduce-scatter and gather on 8 MiB of fp32."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
-    n = 1 << 20
-    full, part = torch.randn(n * WORLD), torch.empty(n)
-    chunks = list(full.chunk(WORLD))
+# ------------------------------------------------------------------ gloo collectives (issue 18)
+def collectives_worker(rank: int, world_size: int, steps: int) -> list[dict]:
+    """Time the gloo collectives that could carry ZeRO's reduce-scatter and gather, 8 MiB of fp32 each."""
+    import torch
+    import torch.distributed as dist
+
+    full, part = torch.randn((1 << 21) // world_size * world_size), torch.empty((1 << 21) // world_size)
+    chunks = list(full.chunk(world_size))
     candidates = {
         "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(part, full),
-        "reduce_scatter (list)": lambda: dist.reduce_scatter(part, chunks),
         "reduce to each owner": lambda: [dist.reduce(c, dst=r) for r, c in enumerate(chunks)],
         "all_reduce": lambda: dist.all_reduce(full),
         "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(full, part),
-        "all_gather (list)": lambda: dist.all_gather(chunks, part),
         "broadcast from each owner": lambda: [dist.broadcast(c, src=r) for r, c in enumerate(chunks)],
     }
     results = []
     for name, fn in candidates.items():
-        seconds = _timed_loop(lambda _i, fn=fn: fn(), steps, warmup)
-        results.append({"collective": name, "ms": seconds * 1e3})
-    queue.put((rank, results))
-    dist.destroy_process_group()
+        fn()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        dist.barrier()
+        results.append({"collective": name, "ms": (time.perf_counter() - start) / steps * 1e3})
+    return results
 
 
-def _table(results: list[dict], steps: int, warmup: int) -> str:
-    tokens = WORLD * MICRO_BATCH * SEQ
-    ddp = {r["dtype"]: r["seconds_per_step"] for r in results if r["impl"] == "ddp"}
-    ds = {(r["stage"], r["dtype"]): r["seconds_per_step"] for r in results if r["impl"] == "deepspeed"}
-    lines = [
-        f"tokens per optimizer step: {tokens} ({WORLD} ranks x micro batch {MICRO_BATCH} x seq {SEQ}); "
-        f"{steps} timed steps after {warmup} warm-up; params {results[0]['numel'] / 1e6:.2f}M",
-        "",
-        "| impl | stage | dtype | tokens/s | vs DDP | vs deepspeed | rank-0 memory MiB | ZeRO formula MiB | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        tps = tokens / r["seconds_per_step"]
-        vs_ddp = ddp[r["dtype"]] / r["seconds_per_step"] if r["dtype"] in ddp else float("nan")
-        ds_s = ds.get((r["stage"], r["dtype"]))
-        vs_ds = f"{ds_s / r['seconds_per_step']:.2f}x" if ds_s and r["impl"] == "ds" else ""
-        mem = formula = ratio = ""
-        if r["memory_bytes"] is not None:
-            f = zero_formula_bytes(r["numel"], r["stage"], DTYPES[r["dtype"]], WORLD)
-            mem, formula, ratio = (
-                f"{r['memory_bytes'] / 2**20:.1f}",
-                f"{f / 2**20:.1f}",
-                f"{r['memory_bytes'] / f:.3f}",
-            )
-        stage = r["stage"] if r["impl"] not in ("ddp", "ceiling") else "-"
-        lines.append(
-            f"| {r['impl']} | {stage} | {r['dtype']} | {tps:.0f} | {vs_ddp:.2f}x | {vs_ds} | {mem} | "
-            f"{formula} | {ratio} |"
-        )
-    ceiling = {r["dtype"]: r["seconds_per_step"] for r in results if r["impl"] == "ceiling"}
-    bounds = [
-        f"{dtype} stage {stage}: {seconds / ceiling[dtype]:.2f}x"
-        for (stage, dtype), seconds in sorted(ds.items(), key=lambda kv: (kv[0][1], kv[0][0]))
-        if dtype in ceiling
-    ]
-    if bounds:  # no engine can beat forward+backward alone: this bounds any speed-up over DeepSpeed
-        lines += ["", "ceiling (forward+backward only) vs deepspeed: " + ", ".join(bounds)]
-    return "\n".join(lines)
+def collectives(world: int, steps: int) -> None:
+    from rank_testing import spawn
+
+    rows = spawn(collectives_worker, world, steps, timeout_s=CASE_TIMEOUT_S)[0]
+    print(f"| collective (gloo, {world} ranks, 8 MiB fp32) | ms |\n|---|---|")
+    print("\n".join(f"| {r['collective']} | {r['ms']:.1f} |" for r in rows))
+
+
+# ------------------------------------------------------------------ main
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="timed optimizer steps per case")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per case")
-    parser.add_argument("--dtypes", default="fp32,bf16")
-    parser.add_argument("--no-deepspeed", action="store_true", help="skip the real deepspeed comparison")
+    parser.add_argument("--world", default="2", help="comma-separated world sizes, e.g. 2,4")
+    parser.add_argument("--dtypes", default="fp32", help="fp32, bf16 or fp32,bf16")
+    parser.add_argument("--model", default="gpt13m", help="gpt13m (13.3M parameters), small (4.2M) or tiny")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps per case and round")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps per case and round")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds over all cases")
+    parser.add_argument("--stages", type=_ints, default=list(STAGES), help="ZeRO stages, e.g. 0,1,2")
+    parser.add_argument("--impls", default="ddp,fsdp2,ds,ds-offload,deepspeed", help="which implementations")
+    parser.add_argument("--json", default="bench_training.json", help="where to write every figure")
     parser.add_argument("--collectives", action="store_true", help="only time gloo collectives (8 MiB fp32)")
-    parser.add_argument("--deepspeed-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this interpreter
     args = parser.parse_args()
-    if args.deepspeed_worker:  # running inside the deepspeed venv
-        spec = json.loads(args.deepspeed_worker)
-        print(
-            "DS_RESULTS " + json.dumps(_run_spawned(_ds_worker, spec["cases"], spec["steps"], spec["warmup"]))
-        )
+    if args.case:
+        case_worker(json.loads(args.case))
         return
     if args.collectives:
-        rows = _run_spawned(_collectives_worker, [], max(args.steps, 10), args.warmup)
-        print("| collective (gloo, 2 ranks, 8 MiB fp32) | ms |\n|---|---|")
-        print("\n".join(f"| {r['collective']} | {r['ms']:.1f} |" for r in rows))
+        for world in _ints(args.world):
+            collectives(world, max(args.steps, 10))
         return
-    dtypes = args.dtypes.split(",")
-    ours = [(impl, 0, d) for d in dtypes for impl in ("ceiling", "ddp")]
-    ours += [("ds", s, d) for d in dtypes for s in STAGES]
-    results = _run_spawned(_ours_worker, ours, args.steps, args.warmup)
-    if not args.no_deepspeed and DS_PYTHON.exists():
-        results += _run_deepspeed(
-            [("deepspeed", s, d) for d in dtypes for s in STAGES], args.steps, args.warmup
-        )
-    print(_table(results, args.steps, args.warmup))
+
+    command = shlex.join([os.path.relpath(sys.executable)] + sys.argv)
+    notes = []
+    ds_stages = [s for s in args.stages if s != 3]
+    if 3 in args.stages:
+        reason = ds_accepts_stage3()
+        ds_stages = list(args.stages) if reason is None else ds_stages
+        if reason:
+            notes.append(f"ds stage 3 skipped: the installed ds-config refuses it ({reason})")
+    if "deepspeed" in args.impls.split(",") and not DS_PYTHON.exists():
+        args.impls = ",".join(i for i in args.impls.split(",") if i != "deepspeed")
+        notes.append(f"DeepSpeed skipped: {DS_PYTHON} does not exist")
+    header = [
+        f"command: {command}",
+        f"started {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average {os.getloadavg()[0]:.1f}",
+        f"model {args.model}; {args.steps} timed steps after {args.warmup} warm-up, {args.repeats} rounds",
+        *notes,
+    ]
+    print("\n".join(header), flush=True)
+
+    report: dict = {"command": command, "notes": notes, "settings": vars(args), "runs": [], "results": []}
+    out = Path(args.json)
+    for world in _ints(args.world):
+        for dtype in args.dtypes.split(","):
+            cases = plan_cases(args, ds_stages)
+            base = {
+                "world": world,
+                "dtype": dtype,
+                "model": args.model,
+                "steps": args.steps,
+                "warmup": args.warmup,
+            }
+            runs: list[list[dict]] = [[] for _ in cases]
+            for round_ in range(args.repeats):
+                for case, case_runs in zip(cases, runs):
+                    case_runs.append(run_case_subprocess({**base, **case}))
+                    print(progress_line(case_runs[-1], {**base, **case}, round_), flush=True)
+                    # written after every case: an interrupted run keeps what it measured
+                    report["runs"].append({**base, **case, "round": round_, **case_runs[-1]})
+                    out.write_text(json.dumps(report, indent=1))
+            rows = [{**base, **case, **summarise(r, world, dtype)} for case, r in zip(cases, runs)]
+            report["results"] += rows
+            print("\n" + table(rows, world, dtype, args.repeats), flush=True)
+    report["load_average_end"] = os.getloadavg()[0]
+    out.write_text(json.dumps(report, indent=1))
+    print(f"\nload average at the end {report['load_average_end']:.1f}; every figure in {args.json}")
 
 
 if __name__ == "__main__":
