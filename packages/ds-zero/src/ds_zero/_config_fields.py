@@ -1,0 +1,27 @@
+"""The dotted DSConfig paths ds-zero reads (``ZeroOptions.from_config`` and ``GradientReducer.from_config``)."""
+
+from __future__ import annotations
+
+__all__ = ["CONFIG_FIELDS"]
+
+CONFIG_FIELDS: tuple[str, ...] = (
+    "zero_optimization.stage",
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.allgather_bucket_size",
+    "zero_optimization.overlap_comm",
+    "zero_optimization.reduce_scatter",
+    "zero_optimization.contiguous_gradients",
+    "zero_optimization.allgather_partitions",
+    "zero_optimization.cpu_offload",
+    "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.ignore_unused_parameters",
+    "gradient_clipping",
+    "gradient_predivide_factor",
+    "prescale_gradients",
+    "fp32_allreduce",
+    "sparse_gradients",
+    "zero_allow_untested_optimizer",
+    "bf16.enabled",
+    "bf16.grad_accum_dtype",
+)
