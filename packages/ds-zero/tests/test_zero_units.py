@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import _workers as w
 import pytest
 import torch
@@ -166,3 +168,35 @@ def test_params_become_views_of_the_flat_buffer(world_of_one):
     for p, old in zip(model.parameters(), before):
         assert p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
         assert torch.equal(p, old)
+
+
+def _live_tensor_bytes() -> int:
+    """Bytes of every distinct live tensor storage (walks gc; views of one storage count once)."""
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            st = obj.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(world_of_one, stage):
+    """Issue 18: no fp32 master copy of fp32 weights, no gradient partition kept between steps."""
+    before = _live_tensor_bytes()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
+    param_bytes = sum(p.numel() for p in model.parameters()) * 4
+    zero = ZeroOptimizer(
+        torch.optim.Adam(model.parameters()), ZeroOptions(stage=stage, reduce_bucket_size=20_000)
+    )
+    x = torch.randn(4, 256)
+    zero.backward(model(x).square().mean())
+    assert zero.step()
+    del x
+    live = _live_tensor_bytes() - before
+    # weights (one flat buffer) + exp_avg + exp_avg_sq (dp = 1: the whole partition) + a few scalars
+    assert live <= 3 * param_bytes + 1024, (live, param_bytes)
+    assert live >= 3 * param_bytes, (live, param_bytes)
+    zero.remove_hooks()
