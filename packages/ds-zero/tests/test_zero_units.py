@@ -200,3 +200,43 @@ def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(world_of_
     assert live <= 3 * param_bytes + 1024, (live, param_bytes)
     assert live >= 3 * param_bytes, (live, param_bytes)
     zero.remove_hooks()
+
+
+def test_sparse_gradients_at_zero_stages_say_why_and_what_to_change(world_of_one):
+    ds_config = pytest.importorskip("ds_config")
+    for stage in (1, 2):
+        cfg = ds_config.load_config(
+            {"train_batch_size": 2, "sparse_gradients": True, "zero_optimization": {"stage": stage}},
+            world_size=1,
+        )
+        with pytest.raises(
+            ZeroConfigError, match="sparse_gradients is not supported.*Set sparse_gradients to false"
+        ):
+            ZeroOptimizer.from_config(torch.optim.Adam(nn.Linear(2, 2).parameters()), cfg)
+
+
+def test_offload_with_cpu_adam_writes_the_bf16_weights_once(world_of_one):
+    """CPUAdam writes the model-dtype weights during its update; ZeRO must not copy the master again."""
+    ds_optim = pytest.importorskip("ds_optim")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = nn.Linear(16, 16).to(torch.bfloat16)
+    opt = ds_optim.CPUAdam(model.parameters(), lr=0.1)
+    zero = ZeroOptimizer(opt, ZeroOptions(stage=2, cpu_offload=True))
+    flat = zero.groups[0].flat
+
+    class CopiesIntoWeights(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() == (
+                flat.untyped_storage().data_ptr()
+            ):
+                CopiesIntoWeights.count += 1
+            return func(*args, **(kwargs or {}))
+
+    zero.backward(model(torch.randn(2, 16, dtype=torch.bfloat16)).float().square().mean())
+    with CopiesIntoWeights():
+        assert zero.step()
+    assert CopiesIntoWeights.count == 0
+    assert torch.equal(flat[: zero.groups[0].layout.numel], zero.groups[0].master.to(torch.bfloat16))

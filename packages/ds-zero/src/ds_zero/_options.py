@@ -52,6 +52,13 @@ class ZeroOptions:
             raise ZeroConfigError(
                 "zero_optimization.offload_optimizer.device 'nvme' is not supported; use 'cpu' or 'none'"
             )
+        if config.sparse_gradients and zero.stage in (1, 2):
+            raise ZeroConfigError(
+                f"sparse_gradients is not supported with zero_optimization.stage {zero.stage}: ZeRO reduces "
+                "every gradient as slices of one flat buffer that each rank owns a part of, so an "
+                "embedding's touched rows cannot travel alone. Set sparse_gradients to false (the same "
+                "values; only the bytes sent differ) or use zero_optimization.stage 0"
+            )
         fp32_accum = config.bf16.enabled and config.bf16.grad_accum_dtype == "fp32"
         return cls(
             stage=zero.stage,
