@@ -6,7 +6,7 @@ import copy
 import math
 
 import torch
-from ds_zero import GradientReducer, ZeroOptimizer, names_of
+from ds_zero import GradientReducer, ZeroOptimizer, ZeroOptions, names_of
 from torch import nn
 
 GAS = 2
@@ -131,14 +131,8 @@ def build_zero(cfg: dict, model: nn.Module, scaler=None) -> ZeroOptimizer:
         "grad_accum_dtype",
     )
     kwargs = {k: cfg[k] for k in keys if k in cfg}
-    return ZeroOptimizer(
-        opt,
-        stage=cfg["stage"],
-        clip_grad=cfg.get("clip", 0.0),
-        scaler=scaler,
-        param_names=names_of(model),
-        **kwargs,
-    )
+    options = ZeroOptions(stage=cfg["stage"], clip_grad=cfg.get("clip", 0.0), **kwargs)
+    return ZeroOptimizer(opt, options, scaler=scaler, param_names=names_of(model))
 
 
 def train_zero(rank: int, cfg: dict, data, model: nn.Module | None = None, zero=None):
@@ -210,7 +204,9 @@ def memory_check(rank: int, world: int) -> list[dict]:
     for stage in (1, 2):
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(33, 31), nn.Linear(31, 17))
-        zero = ZeroOptimizer(torch.optim.Adam(model.parameters()), stage=stage, reduce_bucket_size=200)
+        zero = ZeroOptimizer(
+            torch.optim.Adam(model.parameters()), ZeroOptions(stage=stage, reduce_bucket_size=200)
+        )
         for _ in range(GAS):
             zero.backward(model(torch.randn(2, 33)).square().mean())
         zero.step()
@@ -315,18 +311,21 @@ def overlap_stage1_check(rank: int, world: int) -> dict:
     }
     for name, kwargs in variants.items():
         model = _chain()
-        zero = ZeroOptimizer(
-            torch.optim.Adam(model.parameters(), lr=0.05), stage=1, reduce_bucket_size=30, **kwargs
-        )
+        options = ZeroOptions(stage=1, reduce_bucket_size=30, **kwargs)
+        zero = ZeroOptimizer(torch.optim.Adam(model.parameters(), lr=0.05), options)
         inflight = []
         for step in data:
             for m, x in enumerate(step):
                 zero.set_boundary(m == GAS - 1)
                 zero.backward(model(x[rank * MICRO_BATCH : (rank + 1) * MICRO_BATCH]).square().mean() / GAS)
-                inflight.append(len(zero._inflight))
+                inflight.append(len(zero._reducer._inflight))
             zero.step()
         zero.remove_hooks()
-        out[name] = {"inflight": inflight, "buckets": len(zero._buckets), "weights": model.state_dict()}
+        out[name] = {
+            "inflight": inflight,
+            "buckets": len(zero._reducer.buckets),
+            "weights": model.state_dict(),
+        }
     return out
 
 
@@ -349,23 +348,25 @@ def fp32_accum_check(rank: int, world: int) -> dict:
     for stage in (1, 2):
         for accum in ("bf16", "fp32"):
             model = copy.deepcopy(init)
-            zero = ZeroOptimizer(
-                torch.optim.SGD(model.parameters(), lr=lr),
+            options = ZeroOptions(
                 stage=stage,
                 reduce_bucket_size=100,
                 grad_accum_dtype=torch.float32 if accum == "fp32" else None,
             )
+            zero = ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=lr), options)
             for x in data:
                 xb = x[rank * MICRO_BATCH : (rank + 1) * MICRO_BATCH].to(torch.bfloat16)
                 zero.backward(model(xb).float().square().mean() / gas)
+            grad_bytes = zero.memory_report().grad_bytes  # before the step, which frees the partition grads
             zero.step()
             tensors, meta = zero.sharded_state_dict()
             s0, s1 = meta["groups"][0]["shard"]
             err = (tensors["g0.master"] - ref_flat[s0:s1]).double().pow(2).sum()
-            layout = zero._groups[0].layout
+            layout = zero.groups[0].layout
             out[f"s{stage}_{accum}"] = {
                 "err_sq": float(err),
-                "grad_bytes": zero.memory_report().grad_bytes,
+                "grad_bytes": grad_bytes,
+                "numel": layout.numel,
                 "partition": layout.partition_numel,
                 "padded": layout.padded_numel,
             }

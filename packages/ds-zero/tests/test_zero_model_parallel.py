@@ -10,7 +10,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from ds_zero import ZeroOptimizer
+from ds_zero import ZeroOptimizer, ZeroOptions
 from rank_testing import spawn
 from torch import nn
 
@@ -53,10 +53,9 @@ def _worker(rank: int, world: int) -> dict:
         model = _model(mp_rank)
         zero = ZeroOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1),
-            stage=stage,
+            ZeroOptions(stage=stage, reduce_bucket_size=5),
             process_group=dp_groups[mp_rank],
             model_parallel_group=mp_groups[dp_rank],
-            reduce_bucket_size=5,
         )
         x, y = _batch(mp_rank, dp)
         lo = 2 * dp_rank

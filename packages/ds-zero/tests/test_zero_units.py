@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import gc
+
 import _workers as w
 import pytest
 import torch
 import torch.distributed as dist
-from ds_zero import GradientReducer, GroupLayout, LossScalerProtocol, ZeroConfigError, ZeroOptimizer
+from ds_zero import (
+    CONFIG_FIELDS,
+    GradientReducer,
+    GroupLayout,
+    LossScalerProtocol,
+    ZeroConfigError,
+    ZeroOptimizer,
+    ZeroOptions,
+)
 from ds_zero._comm import AveragingRule, plan_buckets
 from torch import nn
 
@@ -75,14 +85,16 @@ def test_test_scaler_satisfies_the_protocol():
 def test_rejected_options_say_what_to_change(kwargs, message):
     opt = torch.optim.Adam(nn.Linear(2, 2).parameters())
     with pytest.raises(ZeroConfigError, match=message):
-        ZeroOptimizer(opt, **kwargs)
+        ZeroOptimizer(opt, ZeroOptions(**kwargs))
 
 
 def test_untested_optimizer_needs_the_flag(world_of_one):
     model = nn.Linear(2, 2)
     with pytest.raises(ZeroConfigError, match="zero_allow_untested_optimizer"):
-        ZeroOptimizer(torch.optim.Rprop(model.parameters()), stage=1)
-    zero = ZeroOptimizer(torch.optim.Rprop(model.parameters()), stage=1, allow_untested_optimizer=True)
+        ZeroOptimizer(torch.optim.Rprop(model.parameters()), ZeroOptions(stage=1))
+    zero = ZeroOptimizer(
+        torch.optim.Rprop(model.parameters()), ZeroOptions(stage=1, allow_untested_optimizer=True)
+    )
     assert zero.optimizer.param_groups[0]["params"][0].numel() == 6
 
 
@@ -98,30 +110,36 @@ def test_from_config_maps_the_real_config_section(world_of_one):
                 "overlap_comm": True,
                 "reduce_scatter": False,
                 "allgather_partitions": False,
-                "offload_optimizer": {"device": "cpu"},
+                "offload_optimizer": {"device": "cpu", "pin_memory": True},
+                "ignore_unused_parameters": False,
             },
+            "gradient_clipping": 1.0,
+            "zero_allow_untested_optimizer": True,
+            "bf16": {"enabled": True, "grad_accum_dtype": "fp32"},
         },
         world_size=1,
     )
-    model = nn.Linear(3, 3)
-    zero = ZeroOptimizer.from_config(
-        torch.optim.Adam(model.parameters()), cfg.zero_optimization, clip_grad=1.0
-    )
-    assert (zero.stage, zero.reduce_bucket_size, zero.allgather_bucket_size) == (2, 5, 77)
-    assert zero.overlap_comm and not zero.reduce_scatter and not zero.allgather_partitions
-    assert zero.cpu_offload and zero.contiguous_gradients  # offload forces contiguous gradients
-    assert zero.clip_grad == 1.0
+    model = nn.Linear(3, 3).to(torch.bfloat16)
+    with pytest.warns(UserWarning, match="pin_memory has no effect"):  # this torch has no CUDA
+        zero = ZeroOptimizer.from_config(torch.optim.Adam(model.parameters()), cfg)
+    o = zero.options
+    assert (o.stage, o.reduce_bucket_size, o.allgather_bucket_size) == (2, 5, 77)
+    assert o.overlap_comm and not o.reduce_scatter and not o.allgather_partitions
+    assert o.cpu_offload and o.pin_memory and not o.ignore_unused_parameters
+    assert o.clip_grad == 1.0 and o.allow_untested_optimizer and o.grad_accum_dtype == torch.float32
+    assert zero._reducer.contiguous  # offload forces contiguous gradients
     reducer = GradientReducer.from_config(nn.Linear(3, 3), cfg)
     assert reducer.bucket_sizes == [3, 9] and reducer.overlap_comm
 
 
 def test_memory_report_of_a_single_rank(world_of_one):
     model = nn.Linear(10, 10)  # 110 elements, padded to 110 (divisible by 2)
-    zero = ZeroOptimizer(torch.optim.Adam(model.parameters()), stage=2, reduce_bucket_size=50)
+    zero = ZeroOptimizer(torch.optim.Adam(model.parameters()), ZeroOptions(stage=2, reduce_bucket_size=50))
     zero.backward(model(torch.randn(3, 10)).sum())
     assert zero.step()
     rep = zero.memory_report()
-    assert rep.param_bytes == 110 * 4 and rep.master_param_bytes == 110 * 4
+    # the fp32 master is a view of the fp32 weights, so it adds no bytes; no gradient survives the step
+    assert rep.param_bytes == 110 * 4 and rep.master_param_bytes == 0 and rep.grad_bytes == 0
     assert rep.optimizer_state_bytes == 2 * 110 * 4 + 4  # exp_avg, exp_avg_sq and the step counter
     assert (
         rep.total_bytes
@@ -129,11 +147,96 @@ def test_memory_report_of_a_single_rank(world_of_one):
     )
 
 
+def test_config_fields_name_real_config_paths():
+    ds_config = pytest.importorskip("ds_config")
+    cfg = ds_config.DSConfig()
+    for path in CONFIG_FIELDS:
+        obj = cfg
+        for part in path.split("."):
+            if part == "offload_optimizer":  # None unless set; its fields live on the section model
+                obj = ds_config.OffloadOptimizerConfig()
+                continue
+            assert hasattr(obj, part), path
+            obj = getattr(obj, part)
+
+
 def test_params_become_views_of_the_flat_buffer(world_of_one):
     model = nn.Sequential(nn.Linear(3, 2), nn.Linear(2, 1))
     before = [p.detach().clone() for p in model.parameters()]
-    zero = ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), stage=1)
-    flat = zero._groups[0].flat
+    zero = ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), ZeroOptions(stage=1))
+    flat = zero.groups[0].flat
     for p, old in zip(model.parameters(), before):
         assert p.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
         assert torch.equal(p, old)
+
+
+def _live_tensor_bytes() -> int:
+    """Bytes of every distinct live tensor storage (walks gc; views of one storage count once)."""
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            st = obj.untyped_storage()
+            storages[st.data_ptr()] = st.nbytes()
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(world_of_one, stage):
+    """Issue 18: no fp32 master copy of fp32 weights, no gradient partition kept between steps."""
+    before = _live_tensor_bytes()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
+    param_bytes = sum(p.numel() for p in model.parameters()) * 4
+    zero = ZeroOptimizer(
+        torch.optim.Adam(model.parameters()), ZeroOptions(stage=stage, reduce_bucket_size=20_000)
+    )
+    x = torch.randn(4, 256)
+    zero.backward(model(x).square().mean())
+    assert zero.step()
+    del x
+    live = _live_tensor_bytes() - before
+    # weights (one flat buffer) + exp_avg + exp_avg_sq (dp = 1: the whole partition) + a few scalars
+    assert live <= 3 * param_bytes + 1024, (live, param_bytes)
+    assert live >= 3 * param_bytes, (live, param_bytes)
+    zero.remove_hooks()
+
+
+def test_sparse_gradients_at_zero_stages_say_why_and_what_to_change(world_of_one):
+    ds_config = pytest.importorskip("ds_config")
+    for stage in (1, 2):
+        cfg = ds_config.load_config(
+            {"train_batch_size": 2, "sparse_gradients": True, "zero_optimization": {"stage": stage}},
+            world_size=1,
+        )
+        with pytest.raises(
+            ZeroConfigError, match="sparse_gradients is not supported.*Set sparse_gradients to false"
+        ):
+            ZeroOptimizer.from_config(torch.optim.Adam(nn.Linear(2, 2).parameters()), cfg)
+
+
+def test_offload_with_cpu_adam_writes_the_bf16_weights_once(world_of_one):
+    """CPUAdam writes the model-dtype weights during its update; ZeRO must not copy the master again."""
+    ds_optim = pytest.importorskip("ds_optim")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model = nn.Linear(16, 16).to(torch.bfloat16)
+    opt = ds_optim.CPUAdam(model.parameters(), lr=0.1)
+    zero = ZeroOptimizer(opt, ZeroOptions(stage=2, cpu_offload=True))
+    flat = zero.groups[0].flat
+
+    class CopiesIntoWeights(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket is torch.ops.aten.copy_ and args[0].untyped_storage().data_ptr() == (
+                flat.untyped_storage().data_ptr()
+            ):
+                CopiesIntoWeights.count += 1
+            return func(*args, **(kwargs or {}))
+
+    zero.backward(model(torch.randn(2, 16, dtype=torch.bfloat16)).float().square().mean())
+    with CopiesIntoWeights():
+        assert zero.step()
+    assert CopiesIntoWeights.count == 0
+    assert torch.equal(flat[: zero.groups[0].layout.numel], zero.groups[0].master.to(torch.bfloat16))

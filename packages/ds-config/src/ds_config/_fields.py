@@ -50,6 +50,11 @@ NO_EFFECT: dict[str, str] = {
         "not built: ds's stage-3 parameter offload keeps the CPU copies in pageable memory (pinning only "
         "speeds up host-to-GPU copies)"
     ),
+    "zero_optimization.round_robin_gradients": (
+        "in DeepSpeed it only reorders which gradients each rank copies out first during stage-2 CPU "
+        "offload, to balance that copy; ds gives each rank one contiguous flat range and copies one "
+        "contiguous slice per rank, so there is nothing to rebalance (values and ownership are unchanged)"
+    ),
     # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)
     **compat_no_effect(),
 }

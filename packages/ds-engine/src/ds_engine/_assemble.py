@@ -82,17 +82,11 @@ def assemble(
     elif cfg.zero_optimization.stage in (1, 2):
         wrapped = ds_zero.ZeroOptimizer.from_config(
             basic,
-            cfg.zero_optimization,
+            cfg,
             process_group=dp_group,
             scaler=scaler,
-            clip_grad=cfg.gradient_clipping,
-            allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
-            gradient_predivide_factor=cfg.gradient_predivide_factor,
-            prescale_gradients=cfg.prescale_gradients,
-            fp32_allreduce=cfg.fp32_allreduce,
             param_names=names,
             model_parallel_group=mp_group,
-            grad_accum_dtype=_grad_accum_dtype(cfg),
         )
     elif cfg.zero_optimization.stage == 3:
         wrapped = _stage3(model, basic, cfg, dp_group, dp_world_size, scaler, names, mp_group)

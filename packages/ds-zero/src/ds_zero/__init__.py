@@ -1,32 +1,41 @@
 """Data-parallel gradient reduction: ZeRO stages 0, 1, 2 and 3, buckets, overlap, CPU offload.
 
-Stage 0 is :class:`GradientReducer` (bucketed all-reduce); stages 1 and 2 are :class:`ZeroOptimizer`;
-stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``).
+Stage 0 is :class:`GradientReducer` (bucketed all-reduce); stages 1 and 2 are :class:`ZeroOptimizer`,
+configured by :class:`ZeroOptions`. Both launch reductions through one :class:`BucketSchedule`.
+Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``).
 """
 
 from ._comm import AveragingRule
+from ._config_fields import CONFIG_FIELDS
 from ._errors import ZeroConfigError
 from ._layout import GroupLayout
+from ._memory import MemoryReport
+from ._options import TESTED_OPTIMIZERS, ZeroOptions
 from ._protocol import LossScalerProtocol
 from ._reducer import GradientReducer
-from ._zero import SHARD_FORMAT, TESTED_OPTIMIZERS, MemoryReport, ZeroOptimizer, names_of
+from ._schedule import BucketSchedule
+from ._state import SHARD_FORMAT
+from ._zero import ZeroOptimizer, names_of
 from .stage3 import CONFIG_FIELDS_STAGE3, GatheredParameters, PartitionOnConstruction, ZeroStage3Optimizer
 
 __version__ = "0.1.0"
 __all__ = [
     "AveragingRule",
+    "BucketSchedule",
+    "CONFIG_FIELDS",
     "CONFIG_FIELDS_STAGE3",
     "GatheredParameters",
-    "PartitionOnConstruction",
-    "ZeroStage3Optimizer",
     "GradientReducer",
     "GroupLayout",
     "LossScalerProtocol",
     "MemoryReport",
+    "PartitionOnConstruction",
     "SHARD_FORMAT",
     "TESTED_OPTIMIZERS",
     "ZeroConfigError",
     "ZeroOptimizer",
+    "ZeroOptions",
+    "ZeroStage3Optimizer",
     "__version__",
     "names_of",
 ]

@@ -7,9 +7,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from ds_config import DSConfig
 from torch import nn
 
 from ._comm import AveragingRule, ProcessGroup, flatten, group_size, plan_buckets
+from ._schedule import BucketSchedule
 from ._sparse import reduce_sparse_grad
 
 __all__ = ["GradientReducer"]
@@ -20,10 +22,8 @@ DEFAULT_BUCKET_ELEMS = 500_000_000
 @dataclass
 class _Bucket:
     params: list[nn.Parameter]
-    pending: int = 0
     flat: torch.Tensor | None = None
     work: object | None = None
-    launched: bool = False
 
 
 class GradientReducer:
@@ -35,9 +35,9 @@ class GradientReducer:
 
     Usage per optimizer step: ``set_boundary(is_boundary)`` before each micro-step's backward, and
     ``reduce()`` after the boundary micro-step's backward. With ``overlap_comm`` the buckets are
-    launched asynchronously from gradient hooks while the boundary backward is still running; the
-    buckets are launched in a fixed order on every rank, so a bucket that is ready early waits for
-    the ones before it. ``reduce()`` then launches what is left and waits for all of it.
+    launched asynchronously from gradient hooks while the boundary backward is still running, by the
+    :class:`BucketSchedule` ZeRO uses too (a fixed order on every rank; hooks act only between
+    ``set_boundary`` and ``reduce``). ``reduce()`` then launches what is left and waits for all of it.
     """
 
     def __init__(
@@ -63,37 +63,29 @@ class GradientReducer:
         self._buckets = _dense_buckets(
             [p for p in params if id(p) not in {id(s) for s in sparse}], bucket_size_elems
         )
-        self._bucket_of = {id(p): b for b in self._buckets for p in b.params}
-        self._armed = False
-        self._next_launch = 0
         self._stream = None
-        self._hooks = []
-        if overlap_comm:
-            self._hooks = [
-                p.register_post_accumulate_grad_hook(self._on_grad_ready)
-                for b in self._buckets
-                for p in b.params
-            ]
+        self._schedule = BucketSchedule(
+            [b.params for b in self._buckets], lambda k: self._launch(self._buckets[k]), hooks=overlap_comm
+        )
 
     @classmethod
     def from_config(
         cls,
         module_or_params: nn.Module | Iterable[nn.Parameter],
-        config: object,
+        config: DSConfig,
         *,
         process_group: ProcessGroup | None = None,
     ) -> GradientReducer:
-        """Build from the whole DeepSpeed config model (top-level gradient keys + ``zero_optimization``)."""
-        zero = config.zero_optimization
+        """Build from a loaded config (top-level gradient keys + ``zero_optimization``)."""
         return cls(
             module_or_params,
             process_group=process_group,
-            bucket_size_elems=int(zero.reduce_bucket_size),
-            fp32_allreduce=bool(config.fp32_allreduce),
-            prescale_gradients=bool(config.prescale_gradients),
-            gradient_predivide_factor=float(config.gradient_predivide_factor),
-            sparse_gradients=bool(config.sparse_gradients),
-            overlap_comm=bool(zero.overlap_comm),
+            bucket_size_elems=config.zero_optimization.reduce_bucket_size,
+            fp32_allreduce=config.fp32_allreduce,
+            prescale_gradients=config.prescale_gradients,
+            gradient_predivide_factor=config.gradient_predivide_factor,
+            sparse_gradients=config.sparse_gradients,
+            overlap_comm=config.zero_optimization.overlap_comm,
         )
 
     @property
@@ -103,19 +95,16 @@ class GradientReducer:
 
     def set_boundary(self, is_boundary: bool) -> None:
         """Say whether the coming backward ends an accumulation window (only then do hooks reduce)."""
-        self._armed = is_boundary and self.overlap_comm
-        self._next_launch = 0
-        for b in self._buckets:
-            b.pending = len(b.params)
-            b.launched = False
+        self._schedule.reset()
+        if is_boundary and self.overlap_comm:
+            self._schedule.arm(launch_early=True)
+        else:
+            self._schedule.disarm()
 
     def reduce(self) -> None:
         """Average every gradient across ranks; call once after the boundary micro-step's backward."""
-        if not self._armed:
-            self.set_boundary(False)  # reset bucket bookkeeping when hooks were not in use
-        while self._next_launch < len(self._buckets):
-            self._launch(self._buckets[self._next_launch])
-            self._next_launch += 1
+        self._schedule.disarm()
+        self._schedule.launch_rest()
         for b in self._buckets:
             self._finish(b)
         for p in self._sparse_params:
@@ -128,21 +117,11 @@ class GradientReducer:
                 torch.float32 if self.fp32_allreduce else p.dtype,
                 self.process_group,
             )
-        self._armed = False
+        self._schedule.reset()
 
     def remove_hooks(self) -> None:
         """Detach the gradient hooks installed for ``overlap_comm``."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-    def _on_grad_ready(self, param: nn.Parameter) -> None:
-        if not self._armed:
-            return
-        self._bucket_of[id(param)].pending -= 1
-        while self._next_launch < len(self._buckets) and self._buckets[self._next_launch].pending == 0:
-            self._launch(self._buckets[self._next_launch])
-            self._next_launch += 1
+        self._schedule.remove_hooks()
 
     def _launch(self, b: _Bucket) -> None:
         first = b.params[0]
@@ -160,7 +139,6 @@ class GradientReducer:
                 b.flat = flatten([p.grad for p in b.params], shapes, dtype, first.device)
                 self.rule.before(b.flat)
                 b.work = dist.all_reduce(b.flat, group=self.process_group, async_op=True)
-        b.launched = True
 
     def _finish(self, b: _Bucket) -> None:
         b.work.wait()

@@ -1,0 +1,169 @@
+"""Workers that observe what each option does (collective calls, bytes, dtypes, timing), run by spawn.
+
+Collectives are observed with a TorchDispatchMode: ``torch.distributed`` calls reach the dispatcher as
+``c10d.*`` ops, so the mode sees every real call, its tensors and their values, and runs it unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from ds_zero import GradientReducer, ZeroConfigError, ZeroOptimizer, ZeroOptions
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class Collectives(TorchDispatchMode):
+    """Count ``c10d`` ops, the bytes of their tensors, their dtypes, and the sum of |input| before each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: dict[str, int] = {}
+        self.bytes = 0
+        self.dtypes: set[torch.dtype] = set()
+        self.abs_in = 0.0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        if name.startswith("c10d."):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            first = args[0]
+            tensors = first if isinstance(first, list | tuple) else [first]
+            for t in tensors:
+                if isinstance(t, list | tuple):  # all_gather's output is a list of lists
+                    continue
+                self.bytes += t.numel() * t.element_size()
+                self.dtypes.add(t.dtype)
+                if name in ("c10d.allreduce_", "c10d.reduce_"):
+                    self.abs_in += float(t.detach().abs().sum())
+        return func(*args, **(kwargs or {}))
+
+
+def _chain() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
+
+
+def _batch(rank: int) -> torch.Tensor:
+    return torch.randn(4, 6, generator=torch.Generator().manual_seed(10 + rank))
+
+
+def gather_calls(rank: int, world: int) -> dict:
+    """Collective calls made by step()'s weight gather, with and without allgather_partitions."""
+    out = {}
+    for flag in (True, False):
+        model = _chain()
+        zero = ZeroOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), ZeroOptions(stage=1, allgather_partitions=flag)
+        )
+        zero.backward(model(_batch(rank)).square().mean())
+        zero._reducer.flush()  # reduce first, so the mode below sees the step's collectives only
+        with Collectives() as seen:
+            zero.step()
+        out[flag] = seen.calls
+    return out
+
+
+def overlap_in_backward(rank: int, world: int) -> dict:
+    """Stage 2: reductions still in flight while backward runs (first layer's grad, produced last)."""
+    out = {}
+    for flag in (True, False):
+        model = _chain()
+        zero = ZeroOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            ZeroOptions(stage=2, overlap_comm=flag, reduce_bucket_size=40),
+        )
+        seen: list[tuple[int, int]] = []
+
+        def record(_p, zero=zero, seen=seen) -> None:
+            r = zero._reducer
+            seen.append((r.schedule.next, len(r._inflight)))
+
+        model[0].weight.register_post_accumulate_grad_hook(record)  # runs after ZeRO's hook
+        zero.backward(model(_batch(rank)).square().mean())
+        zero.step()
+        out[flag] = {
+            "launched_inflight": seen[0],
+            "buckets": len(zero._reducer.buckets),
+            "w": model.state_dict(),
+        }
+    return out
+
+
+def scaling_inputs(rank: int, world: int) -> dict:
+    """Sum of |gradient| handed to the reductions: plain, prescale_gradients, gradient_predivide_factor 4."""
+    out = {}
+    variants = {
+        "plain": {},
+        "prescale": {"prescale_gradients": True},
+        "predivide": {"gradient_predivide_factor": 4.0},
+    }
+    for name, kwargs in variants.items():
+        model = _chain()
+        zero = ZeroOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), ZeroOptions(stage=1, **kwargs))
+        zero.backward(model(_batch(rank)).square().mean())
+        with Collectives() as seen:
+            zero._reducer.flush()
+        out[name] = seen.abs_in
+        zero.step()
+    return out
+
+
+def fp32_allreduce_dtypes(rank: int, world: int) -> dict:
+    """Stage 0, bf16 model: the dtype the all-reduce carries, with and without fp32_allreduce."""
+    out = {}
+    for flag in (True, False):
+        model = _chain().to(torch.bfloat16)
+        reducer = GradientReducer(model, fp32_allreduce=flag)
+        model(_batch(rank).to(torch.bfloat16)).float().square().mean().backward()
+        with Collectives() as seen:
+            reducer.reduce()
+        out[flag] = sorted(str(d) for d in seen.dtypes)
+    return out
+
+
+def sparse_bytes(rank: int, world: int) -> dict:
+    """Stage 0: bytes the collectives carry for a 1000-row embedding of which 3 rows are used."""
+    out = {}
+    for flag in (True, False):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(1000, 16), nn.Flatten(), nn.Linear(48, 2))
+        reducer = GradientReducer(model, sparse_gradients=flag)
+        model(torch.tensor([[rank, 5, 7]])).square().mean().backward()
+        with Collectives() as seen:
+            reducer.reduce()
+        out[flag] = {"bytes": seen.bytes, "grad": model[0].weight.grad.clone()}
+    return out
+
+
+def unused_parameters(rank: int, world: int) -> dict:
+    """ignore_unused_parameters false: the first step names every parameter without a gradient."""
+    out = {}
+    for stage in (1, 2):
+        for flag in (True, False):
+            model = _chain()
+            model.add_module("unused", nn.Linear(3, 3))
+            names = {id(p): n for n, p in model.named_parameters()}
+            zero = ZeroOptimizer(
+                torch.optim.SGD(model.parameters(), lr=0.1),
+                ZeroOptions(stage=stage, ignore_unused_parameters=flag),
+                param_names=names,
+            )
+            x = _batch(rank)
+            zero.backward(model[:5](x).square().mean())  # the "unused" layer takes no part
+            try:
+                zero.step()
+                out[(stage, flag)] = None
+            except ZeroConfigError as exc:
+                out[(stage, flag)] = str(exc)
+    return out
+
+
+def main(rank: int, world: int) -> dict:
+    return {
+        "gather": gather_calls(rank, world),
+        "overlap": overlap_in_backward(rank, world),
+        "scaling": scaling_inputs(rank, world),
+        "fp32_allreduce": fp32_allreduce_dtypes(rank, world),
+        "sparse": sparse_bytes(rank, world),
+        "unused": unused_parameters(rank, world),
+    }

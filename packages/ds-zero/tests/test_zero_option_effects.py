@@ -1,0 +1,62 @@
+"""Each option observed by its effect (calls, bytes, dtypes, in-flight reductions), at 2 real ranks."""
+
+from __future__ import annotations
+
+import _effects as e
+import pytest
+import torch
+from rank_testing import spawn
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    return spawn(e.main, 2, timeout_s=600)
+
+
+def test_allgather_partitions_false_broadcasts_from_each_owner(runs):
+    for r in runs:
+        assert r["gather"][True].get("c10d.allgather_", 0) >= 1 and "c10d.broadcast_" not in r["gather"][True]
+        assert (
+            r["gather"][False].get("c10d.broadcast_", 0) == 2 and "c10d.allgather_" not in r["gather"][False]
+        )
+
+
+def test_stage2_overlap_comm_leaves_reductions_in_flight_during_backward(runs):
+    for r in runs:
+        on, off = r["overlap"][True], r["overlap"][False]
+        assert on["buckets"] >= 3
+        launched, inflight = on["launched_inflight"]
+        assert launched >= 2 and inflight >= 2  # launched and not waited for while backward runs
+        launched, inflight = off["launched_inflight"]
+        assert launched >= 2 and inflight == 0  # each reduction completes before backward goes on
+        for k, v in on["w"].items():
+            assert torch.equal(v, off["w"][k]), k
+
+
+def test_prescale_and_predivide_scale_before_the_sum(runs):
+    for r in runs:
+        s = r["scaling"]
+        assert s["prescale"] == pytest.approx(s["plain"] / 2, rel=1e-6)  # 1/dp
+        assert s["predivide"] == pytest.approx(s["plain"] / 4, rel=1e-6)  # 1/predivide
+
+
+def test_fp32_allreduce_carries_fp32(runs):
+    for r in runs:
+        assert r["fp32_allreduce"][True] == ["torch.float32"]
+        assert r["fp32_allreduce"][False] == ["torch.bfloat16"]
+
+
+def test_sparse_gradients_send_rows_not_the_table(runs):
+    for r in runs:
+        sparse, dense = r["sparse"][True], r["sparse"][False]
+        assert sparse["bytes"] * 20 < dense["bytes"], (sparse["bytes"], dense["bytes"])
+        assert torch.allclose(sparse["grad"], dense["grad"], atol=1e-7)
+
+
+def test_ignore_unused_parameters_false_names_each_unused_parameter(runs):
+    for r in runs:
+        for stage in (1, 2):
+            assert r["unused"][(stage, True)] is None
+            message = r["unused"][(stage, False)]
+            assert "unused.weight" in message and "unused.bias" in message, message
+            assert "0.weight" not in message and "ignore_unused_parameters" in message
