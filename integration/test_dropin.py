@@ -106,12 +106,7 @@ def test_losses_match_deepspeed(name: str, launcher: str, tmp_path: Path):
     )
 
 
-_ZERO_BRANCH = "ds-zero outside-backward gradients: fixed on the zero branch"
-
-
-@pytest.mark.parametrize(
-    "stage", [pytest.param(s, marks=pytest.mark.xfail(strict=False, reason=_ZERO_BRANCH)) for s in (1, 2)]
-)
+@pytest.mark.parametrize("stage", [1, 2])
 def test_gan_at_zero_stages_trains_as_at_stage0(stage: int, tmp_path: Path):
     """The generator's backward writes into the discriminator outside D's own backward: same result, or an error."""
     record = json.loads((FIXTURES / "gan_zero0_fp32.json").read_text())
