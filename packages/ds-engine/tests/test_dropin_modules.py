@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import ds_engine
 import ds_optim
 import ds_sparse_attn
 import pytest
 import torch
-from ds_engine import accelerator, comm, utils
+from ds_engine import accelerator, utils
 from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
 from ds_engine.ops.lamb import FusedLamb
 
@@ -52,13 +54,21 @@ def test_unknown_accelerator_names_the_supported_ones():
         accelerator.Accelerator("xpu")
 
 
+_BEFORE_INIT = """
+import torch, ds_engine
+from ds_engine import comm
+assert not comm.is_initialized()
+assert comm.get_rank() == 0 and comm.get_world_size() == 1
+comm.barrier()  # nothing to wait for
+assert comm.ReduceOp.SUM is torch.distributed.ReduceOp.SUM
+assert comm.all_reduce is torch.distributed.all_reduce  # the collectives are torch's own
+assert comm.init_distributed is ds_engine.init_distributed
+"""
+
+
 def test_comm_before_initialisation_is_a_world_of_one():
-    assert not comm.is_initialized()
-    assert comm.get_rank() == 0 and comm.get_world_size() == 1
-    comm.barrier()  # nothing to wait for
-    assert comm.ReduceOp.SUM is torch.distributed.ReduceOp.SUM
-    assert comm.all_reduce is torch.distributed.all_reduce  # the collectives are torch's own
-    assert comm.init_distributed is ds_engine.init_distributed
+    # a fresh interpreter: other tests in this process leave a world-of-one group initialised
+    subprocess.run([sys.executable, "-c", _BEFORE_INIT], check=True)
 
 
 def test_log_dist_logs_on_the_listed_ranks_only(caplog):

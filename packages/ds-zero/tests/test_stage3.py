@@ -123,11 +123,13 @@ def test_untested_optimizer_is_rejected_with_the_key_to_set():
     import torch.distributed as dist
     from rank_testing import free_port
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    model = w.Net()
-    with pytest.raises(ZeroConfigError, match="zero_allow_untested_optimizer"):
-        ZeroStage3Optimizer(model, torch.optim.LBFGS(model.parameters()), Stage3Options())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = w.Net()
+        with pytest.raises(ZeroConfigError, match="zero_allow_untested_optimizer"):
+            ZeroStage3Optimizer(model, torch.optim.LBFGS(model.parameters()), Stage3Options())
+    finally:  # later test files make their own group
+        dist.destroy_process_group()
 
 
 def test_options_from_config_read_the_keys_and_say_what_has_no_effect():

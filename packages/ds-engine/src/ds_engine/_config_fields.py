@@ -20,7 +20,6 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_allow_untested_optimizer",
     "gradient_predivide_factor",
     "prescale_gradients",
-    "fp32_allreduce",
     # DeepSpeedEngine: logging, timers, checkpoints
     "steps_per_print",
     "wall_clock_breakdown",
