@@ -175,23 +175,26 @@ def test_prefetch_gathers_the_next_modules_before_they_run(world):
 
 
 def test_max_reuse_distance_keeps_parameters_used_again_soon(world):
-    _, results = world
+    n, results = world
     for r in results:
         off, reuse = r["schedule"]["off"], r["schedule"]["reuse"]
         # kept from the end of forward into backward instead of being released and gathered again
-        assert reuse["gathered_numel"] < off["gathered_numel"]
         assert reuse["peak_live_numel"] > off["peak_live_numel"]
+        assert reuse["ready_before_forward"] == w.VOCAB * w.WIDTH  # the head's weight, tied to the embedding
+        if n > 1:  # one rank gathers with no collective
+            assert reuse["gathered_numel"] < off["gathered_numel"]
 
 
 def test_max_live_parameters_bounds_the_gathered_working_set(world):
-    _, results = world
+    n, results = world
     for r in results:
         s = r["schedule"]
         largest_module = 16 * w.WIDTH + 16  # l1
         for name in ("reuse-live150", "all-live150"):
             assert s[name]["peak_live_numel"] <= 150 + largest_module, name
         assert s["reuse-live150"]["peak_live_numel"] < s["reuse"]["peak_live_numel"]
-        assert s["reuse-live150"]["gathered_numel"] > s["reuse"]["gathered_numel"]  # released, re-gathered
+        if n > 1:  # released beyond the bound, so gathered again
+            assert s["reuse-live150"]["gathered_numel"] > s["reuse"]["gathered_numel"]
 
 
 def test_sub_group_size_steps_the_optimizer_a_sub_group_at_a_time(world):

@@ -55,7 +55,11 @@ class FetchSchedule:
         if self._trace is None:
             return
         if self._cursor >= len(self._trace) or self._trace[self._cursor] != slots:
-            self._trace = None  # the module order changed: stop following, record the next micro-step
+            # the module order changed (an eval forward, data-dependent control flow): stop following,
+            # drop what was kept on the trace's word, record the next micro-step
+            self._trace = None
+            kept, self._kept = list(self._kept.values()), {}
+            self.params.release(kept)
             return
         self._cursor += 1
         self._limit_live()
