@@ -292,7 +292,9 @@ def fetch_schedule(rank: int, world: int) -> dict:
             {"prefetch_bucket_size": 10_000, "max_reuse_distance": 10_000, "max_live_parameters": 150},
         ),
         ("off-sub50", {"prefetch_bucket_size": 0, "max_reuse_distance": 0, "sub_group_size": 50}),
+        ("all-eval", {"prefetch_bucket_size": 10_000, "max_reuse_distance": 10_000}),
     ):
+        whole_after_eval = None
         torch.manual_seed(0)
         model = Net()
         ready: list[int] = []  # per module forward: elements already whole (or in flight) before its fetch
@@ -314,6 +316,10 @@ def fetch_schedule(rank: int, world: int) -> dict:
         ready.clear(), calls.clear()
         gathered = zero.params.gathered_numel
         zero.params.peak_live_numel = 0
+        if name == "all-eval":  # a forward outside the trace (no backward) before the next step
+            with torch.no_grad():
+                model(batch(7, world)[0][rank * MB : (rank + 1) * MB])
+            whole_after_eval = sum(s.numel for s in zero.params.slots.values() if s.gathered)
         train(model, zero, rank, world, 1, 1, first=1)
         out[name] = {
             "ready_before_forward": sum(ready),
@@ -323,6 +329,8 @@ def fetch_schedule(rank: int, world: int) -> dict:
             "optimizer_calls": list(calls),
             "partition_numel": zero.params.parts[0].numel(),
             "error": max_error(zero.module_state_dict(), ref),
+            "whole_after_eval": whole_after_eval,
+            "whole_after_step": sum(s.numel for s in zero.params.slots.values() if s.gathered),
             "state": {k: v.tolist() for k, v in zero.sharded_state_dict()[0].items()},
         }
     return out

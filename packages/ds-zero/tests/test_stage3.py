@@ -205,3 +205,13 @@ def test_sub_group_size_steps_the_optimizer_a_sub_group_at_a_time(world):
         assert off["optimizer_calls"] == [n]
         assert sub["optimizer_calls"] == [min(50, n - lo) for lo in range(0, n, 50)]
         assert sub["state"] == off["state"], "the checkpointed optimizer state must not depend on the cut"
+
+
+def test_a_forward_outside_the_trace_keeps_training_identical_and_nothing_whole(world):
+    _, results = world
+    for r in results:
+        e = r["schedule"]["all-eval"]
+        # the eval forward follows the trace's forward, then the training forward leaves it: what was kept
+        # is released, training is unchanged (checked with the others) and a step leaves nothing whole
+        assert e["whole_after_eval"] is not None and e["whole_after_step"] == 0
+        assert all(c["whole_after_step"] == 0 for c in r["schedule"].values())
