@@ -7,6 +7,9 @@
   when its gradient has been accumulated: every op that used it has run its backward by then.
   Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
 * the end of each backward releases whatever is left (parameters that got no gradient).
+
+Every fetch and release goes through ``FetchSchedule`` (``_schedule``), which may gather the next
+modules' parameters early and keep a released one whole when it is used again soon.
 """
 
 from __future__ import annotations
