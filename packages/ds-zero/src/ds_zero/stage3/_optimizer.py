@@ -34,9 +34,9 @@ class ZeroStage3Optimizer:
     Each param group's trainable parameters share one flat space laid out as in stages 1 and 2; a rank
     keeps only its partition of it: the weights in the model dtype, the averaged gradient, the fp32
     master and the inner optimizer's state (the inner optimizer is re-pointed at the fp32 partition, cut
-    into ``sub_group_size`` views stepped one at a time (``_subgroups``); in
-    fp32 training the master *is* the weight partition). Parameters are whole only while a module's
-    forward or backward runs (see ``_hooks``); gradients are reduced to their owners as backward produces
+    into ``sub_group_size`` views stepped one at a time, see ``_subgroups``; in fp32 training the master
+    *is* the weight partition). Parameters are whole while a module's forward or backward runs, and when
+    the fetch schedule prefetches or keeps them (see ``_hooks``, ``_schedule``); gradients are reduced to their owners as backward produces
     them (see ``_grads``). The contract per step is the one of ``ZeroOptimizer``: ``backward(loss)``
     every micro-step, ``step()`` at the boundary (False when skipped for overflow).
     """
