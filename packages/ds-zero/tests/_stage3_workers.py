@@ -77,8 +77,10 @@ def build(options: Stage3Options, checkpointing: str | None = None, clip: float 
     return model, zero
 
 
-def train(model: nn.Module, zero: ZeroStage3Optimizer, rank: int, world: int, steps: int, gas: int) -> None:
-    for step in range(steps):
+def train(
+    model: nn.Module, zero: ZeroStage3Optimizer, rank: int, world: int, steps: int, gas: int, first: int = 0
+) -> None:
+    for step in range(first, first + steps):
         for micro in range(gas):
             x, y = batch(step, world, micro)
             mine = slice(rank * MB, (rank + 1) * MB)
@@ -109,19 +111,28 @@ def parity(rank: int, world: int) -> dict:
 
 
 def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40) -> dict:
-    """What a rank holds after a step, and how many collectives gathering and reduction took."""
-    model, zero = build(Stage3Options(param_persistence_threshold=threshold, reduce_bucket_size=bucket))
+    """What a rank holds after a step, and how many collectives gathering and reduction took.
+
+    Prefetch and reuse are off: each module's parameters are gathered when it runs, released after.
+    """
+    options = Stage3Options(
+        param_persistence_threshold=threshold,
+        reduce_bucket_size=bucket,
+        prefetch_bucket_size=0,
+        max_reuse_distance=0,
+    )
+    model, zero = build(options)
     total = sum(s.numel for s in zero.params.slots.values())
     train(model, zero, rank, world, 1, 1)
     gathers, reduces = zero.params.gathered_numel, zero.grads.reduce_calls
     train(model, zero, rank, world, 1, 1)
-    state = zero.optimizer.state[zero.masters[0]]
+    state = zero.sub_groups.state_of(zero.optimizer, 0)
     return {
         "total_numel": total,
         "whole_after_step": {n: p.numel() for n, p in model.named_parameters() if p.numel() > 0},
         "partition_numel": sum(p.numel() for p in zero.params.parts),
         "master_is_partition": zero.masters[0].data_ptr() == zero.params.parts[0].data_ptr(),
-        "state_numel": {k: v.numel() for k, v in state.items() if v.dim() == 1},
+        "state_numel": {k: v.numel() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 1},
         "gathered_numel_per_step": zero.params.gathered_numel - gathers,
         "reduces_per_step": zero.grads.reduce_calls - reduces,
         "peak_live_numel": zero.params.peak_live_numel,
@@ -260,8 +271,74 @@ def external_parameter(rank: int, world: int) -> dict:
     return out
 
 
+def fetch_schedule(rank: int, world: int) -> dict:
+    """Per setting of the four schedule keys: what was whole before each module ran, live peak, traffic.
+
+    The probe hooks are registered before the stage-3 hooks, so they see each module just before its fetch.
+    Step 1 records the module order; the figures are from step 2, which follows it.
+    """
+    ref = train_reference(2, world, 1, 0.0)
+    out = {}
+    for name, kw in (
+        ("off", {"prefetch_bucket_size": 0, "max_reuse_distance": 0}),
+        ("prefetch", {"prefetch_bucket_size": 10_000, "max_reuse_distance": 0}),
+        ("reuse", {"prefetch_bucket_size": 0, "max_reuse_distance": 10_000}),
+        (
+            "reuse-live150",
+            {"prefetch_bucket_size": 0, "max_reuse_distance": 10_000, "max_live_parameters": 150},
+        ),
+        (
+            "all-live150",
+            {"prefetch_bucket_size": 10_000, "max_reuse_distance": 10_000, "max_live_parameters": 150},
+        ),
+        ("off-sub50", {"prefetch_bucket_size": 0, "max_reuse_distance": 0, "sub_group_size": 50}),
+        ("all-eval", {"prefetch_bucket_size": 10_000, "max_reuse_distance": 10_000}),
+    ):
+        whole_after_eval = None
+        torch.manual_seed(0)
+        model = Net()
+        ready: list[int] = []  # per module forward: elements already whole (or in flight) before its fetch
+        for m in (model.emb, model.l1, model.l2, model.norm, model.head):
+            m.register_forward_pre_hook(
+                lambda mod, _, ready=ready: ready.append(
+                    sum(p.numel() for p in mod._parameters.values() if p is not None)
+                )
+            )
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        calls: list[int] = []  # per inner optimizer call: elements with a gradient (the sub-group stepped)
+        opt.register_step_pre_hook(
+            lambda o, *_, calls=calls: calls.append(
+                sum(p.numel() for g in o.param_groups for p in g["params"] if p.grad is not None)
+            )
+        )
+        zero = ZeroStage3Optimizer(model, opt, Stage3Options(param_persistence_threshold=0, **kw))
+        train(model, zero, rank, world, 1, 1)
+        ready.clear(), calls.clear()
+        gathered = zero.params.gathered_numel
+        zero.params.peak_live_numel = 0
+        if name == "all-eval":  # a forward outside the trace (no backward) before the next step
+            with torch.no_grad():
+                model(batch(7, world)[0][rank * MB : (rank + 1) * MB])
+            whole_after_eval = sum(s.numel for s in zero.params.slots.values() if s.gathered)
+        train(model, zero, rank, world, 1, 1, first=1)
+        out[name] = {
+            "ready_before_forward": sum(ready),
+            "prefetch_calls": zero.schedule.prefetch_calls,
+            "gathered_numel": zero.params.gathered_numel - gathered,
+            "peak_live_numel": zero.params.peak_live_numel,
+            "optimizer_calls": list(calls),
+            "partition_numel": zero.params.parts[0].numel(),
+            "error": max_error(zero.module_state_dict(), ref),
+            "whole_after_eval": whole_after_eval,
+            "whole_after_step": sum(s.numel for s in zero.params.slots.values() if s.gathered),
+            "state": {k: v.tolist() for k, v in zero.sharded_state_dict()[0].items()},
+        }
+    return out
+
+
 def world_main(rank: int, world: int) -> dict:
     return {
+        "schedule": fetch_schedule(rank, world),
         "parity": parity(rank, world),
         "partition": partitioning(rank, world),
         "persist": partitioning(rank, world, threshold=50),

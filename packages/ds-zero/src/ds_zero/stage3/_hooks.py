@@ -7,6 +7,9 @@
   when its gradient has been accumulated: every op that used it has run its backward by then.
   Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
 * the end of each backward releases whatever is left (parameters that got no gradient).
+
+Every fetch and release goes through ``FetchSchedule`` (``_schedule``), which may gather the next
+modules' parameters early and keep a released one whole when it is used again soon.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch import nn
 
 from ._partition import ParamSlot, PartitionedParams
+from ._schedule import FetchSchedule
 
 __all__ = ["GatherHooks", "register_external_parameter"]
 
@@ -38,13 +42,19 @@ class GatherHooks:
     """Installs the hooks on every submodule that owns managed parameters; ``remove()`` takes them off.
 
     ``on_grad(slot, grad)`` receives each parameter's full gradient as autograd accumulates it; the
-    parameter's ``.grad`` is cleared afterwards (the gradient scheduler keeps what it needs).
+    parameter's ``.grad`` is cleared afterwards (the gradient scheduler keeps what it needs). Fetches and
+    releases go through ``schedule`` (prefetch, reuse, live bound).
     """
 
     def __init__(
-        self, module: nn.Module, params: PartitionedParams, on_grad: Callable[[ParamSlot, torch.Tensor], None]
+        self,
+        module: nn.Module,
+        params: PartitionedParams,
+        on_grad: Callable[[ParamSlot, torch.Tensor], None],
+        schedule: FetchSchedule,
     ) -> None:
         self.params = params
+        self.schedule = schedule
         self.on_grad = on_grad
         self._handles: list[Any] = []
         for m in module.modules():
@@ -60,7 +70,7 @@ class GatherHooks:
     def _pre_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any) -> None:
         for s in slots:
             s.fwd_users += 1
-        self.params.gather(slots)
+        self.schedule.fetch(slots)
 
     def _post_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any, output: Any) -> None:
         for s in slots:
@@ -69,12 +79,12 @@ class GatherHooks:
             for t in _tensors(output):
                 if t.requires_grad:
                     t.register_hook(partial(self._pre_backward, slots))
-        self.params.release(slots)
+        self.schedule.release(slots)
 
     def _pre_backward(self, slots: list[ParamSlot], grad: torch.Tensor) -> None:
         for s in slots:
             s.bwd_hold = True
-        self.params.gather(slots)
+        self.schedule.fetch(slots)
 
     def _grad_ready(self, param: nn.Parameter) -> None:
         slot = self.params.slot(param)
@@ -82,7 +92,7 @@ class GatherHooks:
             self.on_grad(slot, param.grad)
         param.grad = None
         slot.bwd_hold = False
-        self.params.release([slot])
+        self.schedule.release([slot])
 
     def end_backward(self) -> None:
         """Release every parameter still held for a backward that is over.
@@ -90,6 +100,7 @@ class GatherHooks:
         Forward counts are reset too: non-reentrant activation checkpointing stops its recomputation
         early, inside a module's forward, so that module's forward hook never runs.
         """
+        self.schedule.end_micro_step()
         for s in self.params.slots.values():
             s.bwd_hold, s.fwd_users = False, 0
         self.params.release(self.params.slots.values())

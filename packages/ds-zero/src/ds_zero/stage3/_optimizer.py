@@ -16,7 +16,9 @@ from ._grads import GradScheduler
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
+from ._schedule import FetchSchedule
 from ._state import load_sharded, sharded_state
+from ._subgroups import SubGroups
 
 __all__ = ["ZeroStage3Optimizer"]
 
@@ -31,9 +33,10 @@ class ZeroStage3Optimizer:
 
     Each param group's trainable parameters share one flat space laid out as in stages 1 and 2; a rank
     keeps only its partition of it: the weights in the model dtype, the averaged gradient, the fp32
-    master and the inner optimizer's state (the inner optimizer is re-pointed at the fp32 partition; in
-    fp32 training the master *is* the weight partition). Parameters are whole only while a module's
-    forward or backward runs (see ``_hooks``); gradients are reduced to their owners as backward produces
+    master and the inner optimizer's state (the inner optimizer is re-pointed at the fp32 partition, cut
+    into ``sub_group_size`` views stepped one at a time, see ``_subgroups``; in fp32 training the master
+    *is* the weight partition). Parameters are whole while a module's forward or backward runs, and when
+    the fetch schedule prefetches or keeps them (see ``_hooks``, ``_schedule``); gradients are reduced to their owners as backward produces
     them (see ``_grads``). The contract per step is the one of ``ZeroOptimizer``: ``backward(loss)``
     every micro-step, ``step()`` at the boundary (False when skipped for overflow).
     """
@@ -77,16 +80,17 @@ class ZeroStage3Optimizer:
         master_device = cpu if options.offload_optimizer else None
         self.masters: list[torch.Tensor] = []
         self.grad_parts: list[torch.Tensor] = []
-        for g, part in zip(optimizer.param_groups, self.params.parts):
+        for part in self.params.parts:
             # fp32 on the same device: the weight partition is the master (no second copy)
             alias = part.dtype == torch.float32 and master_device in (None, part.device)
             master = (
                 part if alias else part.detach().to(master_device or part.device, torch.float32, copy=True)
             )
-            master.requires_grad_(True)
-            g["params"] = [master]
             self.masters.append(master)
             self.grad_parts.append(torch.zeros_like(part, dtype=grad_accum_dtype or part.dtype))
+        self.sub_groups = SubGroups(self.masters, options.sub_group_size)
+        for g, views in zip(optimizer.param_groups, self.sub_groups.views):
+            g["params"] = views
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
         self.params.on_write = self._copy_into_master
         self.grads = GradScheduler(
@@ -96,7 +100,13 @@ class ZeroStage3Optimizer:
             rule=rule or AveragingRule(self.dp),
             overlap_comm=options.overlap_comm,
         )
-        self.hooks = GatherHooks(module, self.params, self.grads.add)
+        self.schedule = FetchSchedule(
+            self.params,
+            prefetch_bucket_size=options.prefetch_bucket_size,
+            max_live=options.max_live_parameters,
+            max_reuse_distance=options.max_reuse_distance,
+        )
+        self.hooks = GatherHooks(module, self.params, self.grads.add, self.schedule)
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
@@ -127,9 +137,8 @@ class ZeroStage3Optimizer:
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clear the partition gradients for the next accumulation window."""
-        for grad, master in zip(self.grad_parts, self.masters):
+        for grad in self.grad_parts:
             grad.zero_()
-            master.grad = None
 
     # ------------------------------------------------------------------ step
     def step(self) -> bool:
@@ -146,9 +155,7 @@ class ZeroStage3Optimizer:
         norm = math.sqrt(norm_sq) / scale
         combined = scale * max(1.0, (norm + 1e-6) / self.clip_grad) if self.clip_grad > 0 else scale
         self.global_grad_norm = norm
-        for grad, master in zip(self.grad_parts, self.masters):
-            master.grad = grad.to(master.device, torch.float32).mul_(1.0 / combined)
-        self.optimizer.step()
+        self.sub_groups.step(self.optimizer, self.grad_parts, 1.0 / combined)
         with torch.no_grad():
             for part, master in zip(self.params.parts, self.masters):
                 if part.data_ptr() != master.data_ptr():
@@ -198,7 +205,7 @@ class ZeroStage3Optimizer:
 
     @property
     def param_groups(self) -> list[dict]:
-        """The inner optimizer's param groups (for LR schedulers); each holds one fp32 partition."""
+        """The inner optimizer's param groups (for LR schedulers); each holds its fp32 partition's sub-groups."""
         return self.optimizer.param_groups
 
     # ------------------------------------------------------------------ state
@@ -210,11 +217,11 @@ class ZeroStage3Optimizer:
             "skipped_steps": self.skipped_steps,
             "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
-        return sharded_state(self.params, self.masters, self.optimizer, extra)
+        return sharded_state(self.params, self.masters, self.optimizer, self.sub_groups, extra)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's slice (already cut for this partitioning by the caller); every rank calls it."""
-        load_sharded(self.params, self.masters, self.optimizer, tensors, meta)
+        load_sharded(self.params, self.masters, self.optimizer, self.sub_groups, tensors, meta)
         with torch.no_grad():
             for part, master in zip(self.params.parts, self.masters):
                 if part.data_ptr() != master.data_ptr():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 from ds_config import ZeroConfig
@@ -17,22 +16,16 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_optimization.reduce_bucket_size",
     "zero_optimization.overlap_comm",
     "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_max_live_parameters",
+    "zero_optimization.stage3_max_reuse_distance",
+    "zero_optimization.sub_group_size",
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.offload_optimizer.device",
     "zero_optimization.offload_param.device",
     "zero_optimization.cpu_offload",
 )
-
-
-# keys accepted with no effect yet: ds gathers a module's parameters just before it runs and releases
-# them right after, so the live set is one module already; these change memory and speed, never results
-_NO_EFFECT_YET = {
-    "stage3_prefetch_bucket_size": 50_000_000,
-    "stage3_max_live_parameters": 1_000_000_000,
-    "stage3_max_reuse_distance": 1_000_000_000,
-    "sub_group_size": 1_000_000_000,
-}
 
 
 @dataclass(frozen=True)
@@ -42,6 +35,10 @@ class Stage3Options:
     reduce_bucket_size: int = 500_000_000
     overlap_comm: bool = False
     param_persistence_threshold: int = 100_000
+    prefetch_bucket_size: int = 50_000_000  # elements gathered ahead of use (0: no prefetch)
+    max_live_parameters: int = 1_000_000_000  # bound on gathered elements alive at once
+    max_reuse_distance: int = 1_000_000_000  # keep a parameter fetched again within this many elements
+    sub_group_size: int = 1_000_000_000  # the optimizer steps the partition this many elements at a time
     gather_16bit_weights_on_model_save: bool = False
     offload_optimizer: bool = False  # fp32 masters and optimizer state in CPU memory
     offload_param: bool = False  # parameter partitions in CPU memory
@@ -56,18 +53,14 @@ class Stage3Options:
                 raise ZeroConfigError(
                     f"zero_optimization.{key}.device 'nvme' is not supported by ds; use 'cpu' or 'none'"
                 )
-        for key, default in _NO_EFFECT_YET.items():
-            if getattr(zero, key) != default:
-                warnings.warn(
-                    f"zero_optimization.{key} = {getattr(zero, key)} has no effect in ds stage 3 yet: each "
-                    "module's parameters are gathered just before it runs and released right after (no "
-                    "prefetch, no reuse cache, one optimizer step over the partition); training is unchanged",
-                    stacklevel=2,
-                )
         return cls(
             reduce_bucket_size=int(zero.reduce_bucket_size),
             overlap_comm=bool(zero.overlap_comm),
             param_persistence_threshold=int(zero.stage3_param_persistence_threshold),
+            prefetch_bucket_size=int(zero.stage3_prefetch_bucket_size),
+            max_live_parameters=int(zero.stage3_max_live_parameters),
+            max_reuse_distance=int(zero.stage3_max_reuse_distance),
+            sub_group_size=int(zero.sub_group_size),
             gather_16bit_weights_on_model_save=bool(zero.stage3_gather_16bit_weights_on_model_save),
             offload_optimizer=optimizer_device == "cpu",
             offload_param=param_device == "cpu",

@@ -75,6 +75,7 @@ class PartitionedParams:
         self.gathered_numel = 0  # elements those collectives carried
         self.live_numel = 0  # elements of non-persistent parameters now held whole
         self.peak_live_numel = 0
+        self._pending: dict[int, list] = {}  # id(slot) -> works of a prefetch still in flight
         for g, params in enumerate(groups):
             self._partition_group(g, params, names, persistence_threshold, partition_device)
 
@@ -131,8 +132,13 @@ class PartitionedParams:
         return out
 
     # ------------------------------------------------------------------ gather and release
-    def gather(self, slots: Iterable[ParamSlot]) -> None:
-        """Make every slot's parameter whole (a no-op for those already whole)."""
+    def gather(self, slots: Iterable[ParamSlot], *, wait: bool = True) -> None:
+        """Make every slot's parameter whole (a no-op for those already whole).
+
+        With ``wait=False`` (a prefetch) the broadcasts stay in flight: the slots count as whole, and the
+        next ``gather`` or ``release`` of a slot waits for its data first.
+        """
+        slots = list(slots)
         todo = [s for s in slots if not s.gathered]
         works = []
         for g in sorted({s.group for s in todo}):
@@ -146,9 +152,20 @@ class PartitionedParams:
                 offset += s.numel
                 if not s.persistent:
                     self.live_numel += s.numel
+        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        if not wait:
+            for s in todo:
+                self._pending[id(s)] = works
+            return
         for w in works:
             w.wait()
-        self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        self.settle(slots)
+
+    def settle(self, slots: Iterable[ParamSlot]) -> None:
+        """Wait for the prefetches still filling any of ``slots``."""
+        for s in slots:
+            for w in self._pending.pop(id(s), ()):
+                w.wait()
 
     def gather_values(
         self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], dtype: torch.dtype
@@ -193,6 +210,7 @@ class PartitionedParams:
         """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
         for s in slots:
             if s.gathered and not s.persistent and s.fwd_users == 0 and not s.bwd_hold and s.pins == 0:
+                self.settle([s])  # a broadcast still writing into the buffer must finish first
                 s.param.data = torch.empty(0, dtype=s.param.dtype, device=s.param.device)
                 s.gathered = False
                 self.live_numel -= s.numel
@@ -223,6 +241,7 @@ class PartitionedParams:
             self.parts[slot.group][lo - ps : hi - ps].copy_(flat[lo - slot.start : hi - slot.start])
             if self.on_write is not None:
                 self.on_write(slot.group, lo - ps, hi - ps)
+        self.settle([slot])
         if slot.gathered and full.data_ptr() != slot.param.data_ptr():
             slot.param.data.copy_(full.reshape(slot.shape))
 

@@ -11,6 +11,7 @@ import torch
 
 from .._errors import ZeroConfigError
 from ._partition import PartitionedParams
+from ._subgroups import SubGroups
 
 __all__ = ["SHARD_FORMAT", "load_sharded", "sharded_state"]
 
@@ -18,7 +19,11 @@ SHARD_FORMAT = "ds-flat-shard/1"
 
 
 def sharded_state(
-    params: PartitionedParams, masters: list[torch.Tensor], optimizer: torch.optim.Optimizer, extra: dict
+    params: PartitionedParams,
+    masters: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    sub_groups: SubGroups,
+    extra: dict,
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """This rank's slice of every group: ``g{i}.master`` and ``g{i}.<state>`` tensors, and the meta."""
     tensors: dict[str, torch.Tensor] = {}
@@ -31,7 +36,7 @@ def sharded_state(
         local = slice(s0 - ps, s1 - ps)
         tensors[f"g{g}.master"] = master.detach()[local].cpu().clone()
         scalars = {}
-        for key, value in optimizer.state.get(master, {}).items():
+        for key, value in sub_groups.state_of(optimizer, g).items():
             if torch.is_tensor(value) and value.dim() == 1 and value.numel() == master.numel():
                 tensors[f"g{g}.{key}"] = value.detach()[local].cpu().clone()
             elif torch.is_tensor(value) and value.numel() == 1:
@@ -68,6 +73,7 @@ def load_sharded(
     params: PartitionedParams,
     masters: list[torch.Tensor],
     optimizer: torch.optim.Optimizer,
+    sub_groups: SubGroups,
     tensors: dict[str, torch.Tensor],
     meta: dict,
 ) -> None:
@@ -106,7 +112,7 @@ def load_sharded(
         for key, value in gm.get("scalars", {}).items():
             state[key] = torch.tensor(float(value), dtype=torch.float32) if key in tensor_scalars else value
         if state:
-            optimizer.state[master] = state
+            sub_groups.load_state(optimizer, g, state)
         for key, value in gm.get("hparams", {}).items():
             if key in opt_group:
                 opt_group[key] = tuple(value) if isinstance(opt_group[key], tuple) else value

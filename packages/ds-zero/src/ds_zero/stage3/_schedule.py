@@ -1,0 +1,133 @@
+"""The fetch schedule: which gathers to issue early and which gathered parameters to keep.
+
+The first micro-step records the order in which modules fetch their parameters (forward and backward);
+later micro-steps follow that trace and use it for DeepSpeed's three stage-3 memory/speed knobs:
+
+* ``stage3_prefetch_bucket_size``: after a module's fetch, the next modules' parameters (up to that many
+  elements) are gathered with ``async_op`` broadcasts, which run while the current module computes.
+* ``stage3_max_reuse_distance``: a module done with a parameter keeps it whole when the trace says it is
+  fetched again within that many elements of fetches (the last layers between forward and backward);
+  otherwise it is released.
+* ``stage3_max_live_parameters``: prefetching stops at that many live gathered elements, and parameters
+  kept for reuse are released (furthest next use first) when a fetch takes the live set beyond it.
+
+A micro-step whose fetches differ from the trace stops following it and the next one records anew. Every
+rank runs the same module order, so every rank issues the same collectives in the same order.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Sequence
+
+from ._partition import ParamSlot, PartitionedParams
+
+__all__ = ["FetchSchedule"]
+
+
+class FetchSchedule:
+    """Fetches and releases on behalf of the gather hooks, following the recorded module order."""
+
+    def __init__(
+        self, params: PartitionedParams, *, prefetch_bucket_size: int, max_live: int, max_reuse_distance: int
+    ) -> None:
+        self.params = params
+        self.prefetch_bucket_size = prefetch_bucket_size
+        self.max_live = max_live
+        self.max_reuse_distance = max_reuse_distance
+        self._recording: list[list[ParamSlot]] | None = []  # None: not recording (following or diverged)
+        self._trace: list[list[ParamSlot]] | None = None
+        self._cursor = 0  # index in the trace of the next expected fetch
+        self._cum: list[int] = []  # elements fetched before trace event i
+        self._uses: dict[int, list[int]] = {}  # id(slot) -> trace events that fetch it
+        self._kept: dict[int, ParamSlot] = {}  # released by their users but kept whole for reuse
+        self.prefetch_calls = 0  # async gathers issued ahead of use (observed by the tests)
+
+    # ------------------------------------------------------------------ called by the hooks
+    def fetch(self, slots: list[ParamSlot]) -> None:
+        """Make ``slots`` whole for a module about to run, then prefetch what the trace says comes next."""
+        for s in slots:
+            self._kept.pop(id(s), None)
+        self.params.gather(slots)
+        if self._recording is not None:
+            self._recording.append(slots)
+            return
+        if self._trace is None:
+            return
+        if self._cursor >= len(self._trace) or self._trace[self._cursor] != slots:
+            # the module order changed (an eval forward, data-dependent control flow): stop following,
+            # drop what was kept on the trace's word, record the next micro-step
+            self._trace = None
+            kept, self._kept = list(self._kept.values()), {}
+            self.params.release(kept)
+            return
+        self._cursor += 1
+        self._limit_live()
+        self._prefetch()
+
+    def release(self, slots: Iterable[ParamSlot]) -> None:
+        """The callers are done with ``slots``: release them, except those reused soon (see the module doc)."""
+        free = []
+        for s in slots:
+            if self._reuse_distance(s) <= self.max_reuse_distance:
+                self._kept[id(s)] = s
+            else:
+                free.append(s)
+        self.params.release(free)
+
+    def end_micro_step(self) -> None:
+        """After a backward: a recording becomes the trace; the next micro-step follows it from the start."""
+        if self._recording is not None:
+            self._set_trace(self._recording)
+            self._recording = None
+        elif self._trace is None:
+            self._recording = []
+        self._cursor = 0
+        self._kept.clear()  # the caller releases every parameter now
+
+    # ------------------------------------------------------------------ the trace
+    def _set_trace(self, trace: list[list[ParamSlot]]) -> None:
+        self._trace, self._cum, self._uses = trace, [0], {}
+        for i, event in enumerate(trace):
+            self._cum.append(self._cum[-1] + sum(s.numel for s in event))
+            for s in event:
+                self._uses.setdefault(id(s), []).append(i)
+
+    def _reuse_distance(self, slot: ParamSlot) -> float:
+        """Elements fetched from now until ``slot``'s next fetch in the trace (inf: not fetched again)."""
+        if self._trace is None or self._recording is not None:
+            return float("inf")
+        uses = self._uses.get(id(slot), [])
+        j = bisect.bisect_left(uses, self._cursor)
+        return self._cum[uses[j]] - self._cum[self._cursor] if j < len(uses) else float("inf")
+
+    def _prefetch(self) -> None:
+        """Gather, without waiting, the upcoming events' parameters that fit the bucket and the live bound."""
+        assert self._trace is not None
+        budget, todo = self.prefetch_bucket_size, []
+        live = self.params.live_numel
+        for event in self._trace[self._cursor :]:
+            for s in event:
+                if s.gathered or s in todo or s.persistent:
+                    continue
+                if s.numel > budget or live + s.numel > self.max_live:
+                    return self._launch(todo)
+                budget -= s.numel
+                live += s.numel
+                todo.append(s)
+        self._launch(todo)
+
+    def _launch(self, todo: Sequence[ParamSlot]) -> None:
+        if todo:
+            self.prefetch_calls += 1
+            self.params.gather(todo, wait=False)
+
+    def _limit_live(self) -> None:
+        """Release parameters kept for reuse, furthest next use first, while the live set is over the bound."""
+        if self.params.live_numel <= self.max_live:
+            return
+        for s in sorted(self._kept.values(), key=self._reuse_distance, reverse=True):
+            if self.params.live_numel <= self.max_live:
+                break
+            del self._kept[id(s)]
+            self.params.release([s])

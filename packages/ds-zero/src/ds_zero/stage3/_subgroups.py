@@ -1,0 +1,65 @@
+"""``sub_group_size``: the inner optimizer steps each fp32 partition a sub-group at a time.
+
+Each group's fp32 master partition is cut into views of at most ``sub_group_size`` elements; the inner
+optimizer's param group holds those views. A step gives one sub-group at a time its fp32 gradient and
+calls the inner optimizer (the others have no gradient, so it skips them): the fp32 gradient copy and the
+optimizer's temporaries never exceed one sub-group. Optimizer state is kept per view; ``state_of`` and
+``load_state`` show it as one tensor per group (the checkpoint format does not depend on the cut).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["SubGroups"]
+
+
+class SubGroups:
+    """The views of every group's master partition that the inner optimizer steps one at a time."""
+
+    def __init__(self, masters: list[torch.Tensor], sub_group_size: int) -> None:
+        if sub_group_size < 1:
+            raise ValueError(f"sub_group_size must be >= 1, got {sub_group_size}")
+        self.views: list[list[torch.Tensor]] = []
+        for master in masters:
+            base = master.detach()  # shares storage: the views' updates are the master's
+            bounds = range(0, max(master.numel(), 1), sub_group_size)
+            views = [base[lo : lo + sub_group_size].requires_grad_(True) for lo in bounds]
+            self.views.append(views)
+
+    def step(
+        self, optimizer: torch.optim.Optimizer, grad_parts: list[torch.Tensor], inv_scale: float
+    ) -> None:
+        """One optimizer step over every sub-group: ``grad * inv_scale`` in fp32, a sub-group at a time."""
+        for views, grad in zip(self.views, grad_parts):
+            offset = 0
+            for view in views:
+                piece = grad[offset : offset + view.numel()]
+                view.grad = piece.to(view.device, torch.float32).mul_(inv_scale)
+                optimizer.step()
+                view.grad = None  # the next call skips this sub-group; its fp32 gradient is freed
+                offset += view.numel()
+
+    def state_of(self, optimizer: torch.optim.Optimizer, g: int) -> dict[str, object]:
+        """Group ``g``'s optimizer state as whole-partition tensors (element-wise state concatenated)."""
+        views = self.views[g]
+        states = [optimizer.state.get(v, {}) for v in views]
+        out: dict[str, object] = {}
+        for key, value in states[0].items():
+            if torch.is_tensor(value) and value.dim() == 1 and value.numel() == views[0].numel():
+                out[key] = torch.cat([s[key] for s in states]) if len(views) > 1 else value
+            else:
+                out[key] = value  # scalars (Adam's step) are equal in every sub-group
+        return out
+
+    def load_state(self, optimizer: torch.optim.Optimizer, g: int, state: dict[str, object]) -> None:
+        """Set group ``g``'s state from whole-partition tensors (each view gets its slice)."""
+        offset = 0
+        for view in self.views[g]:
+            n = view.numel()
+            optimizer.state[view] = {
+                # scalar tensors cloned too: Adam increments its step tensor in place, once per view
+                k: (v[offset : offset + n] if v.dim() == 1 else v).clone() if torch.is_tensor(v) else v
+                for k, v in state.items()
+            }
+            offset += n
