@@ -107,3 +107,14 @@ def test_missing_and_truncated_deepspeed_files_are_named(tmp_path):
     optim.unlink()
     with pytest.raises(CheckpointNotFoundError, match="zero_pp_rank_1_mp_rank_00_optim_states.pt"):
         load_deepspeed(ds)
+
+
+def test_zero3_checkpoint_is_refused_with_what_to_do(tmp_path):
+    # DeepSpeed's stage-3 layout: per-rank model-state files and no mp_rank_00_model_states.pt
+    tag = tmp_path / "global_step1"
+    tag.mkdir()
+    (tmp_path / "latest").write_text("global_step1")
+    for r in range(2):
+        (tag / f"zero_pp_rank_{r}_mp_rank_00_model_states.pt").write_bytes(b"")
+    with pytest.raises(DeepSpeedImportError, match="ZeRO stage-3 checkpoint.*zero_to_fp32"):
+        load_deepspeed(tmp_path)

@@ -255,6 +255,14 @@ def load_deepspeed(
             raise CheckpointNotFoundError(f"{latest} does not exist: pass the tag explicitly")
         tag = latest.read_text().strip()
     tag_dir = ckpt_dir / str(tag)
+    if not (tag_dir / "mp_rank_00_model_states.pt").exists() and any(
+        tag_dir.glob("zero_pp_rank_*_model_states.pt")
+    ):
+        raise DeepSpeedImportError(
+            f"{tag_dir} is a DeepSpeed ZeRO stage-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt), "
+            "which ds cannot import yet: run DeepSpeed's zero_to_fp32.py on it and load the resulting fp32 "
+            "weights into the module before ds_engine.initialize()"
+        )
     model = safe_torch_load(tag_dir / "mp_rank_00_model_states.pt")
     if not isinstance(model, dict) or "module" not in model:
         raise DeepSpeedImportError(f"{tag_dir / 'mp_rank_00_model_states.pt'} has no 'module' entry")
