@@ -13,9 +13,37 @@ from ._step import gather_partitions
 if TYPE_CHECKING:
     from ._zero import ZeroOptimizer
 
-__all__ = ["SHARD_FORMAT", "load_sharded_state", "sharded_state"]
+__all__ = ["SHARD_FORMAT", "load_sharded_state", "sharded_state", "split_group_state"]
 
 SHARD_FORMAT = "ds-flat-shard/1"
+
+
+def split_group_state(
+    state: dict,
+    numel: int,
+    local: slice,
+    group: int,
+    tensors: dict[str, torch.Tensor],
+    tensor_scalars: set[str],
+) -> dict:
+    """One group's optimizer state: element-wise tensors (``numel`` long) go into ``tensors`` as this
+    rank's ``local`` slice under ``g{group}.<key>``; scalars are returned (tensor scalars noted in
+    ``tensor_scalars`` so they load back as tensors). Shared by stages 1/2 and stage 3."""
+    scalars = {}
+    for key, value in state.items():
+        if torch.is_tensor(value) and value.dim() == 1 and value.numel() == numel:
+            tensors[f"g{group}.{key}"] = value.detach()[local].cpu().clone()
+        elif torch.is_tensor(value) and value.numel() == 1:
+            scalars[key] = value.item()
+            tensor_scalars.add(key)
+        elif isinstance(value, int | float | bool):
+            scalars[key] = value
+        else:
+            raise ZeroConfigError(
+                f"optimizer state {key!r} of group {group} is neither element-wise nor a scalar, so it "
+                "cannot be sharded"
+            )
+    return scalars
 
 
 def sharded_state(zero: ZeroOptimizer) -> tuple[dict[str, torch.Tensor], dict]:
@@ -27,20 +55,8 @@ def sharded_state(zero: ZeroOptimizer) -> tuple[dict[str, torch.Tensor], dict]:
         s0, s1 = g.layout.shard(g.rank)
         local = slice(s0 - g.partition[0], s1 - g.partition[0])
         tensors[f"g{g.index}.master"] = g.master.detach()[local].cpu().clone()
-        scalars = {}
-        for key, value in zero.optimizer.state.get(g.master, {}).items():
-            if torch.is_tensor(value) and value.numel() == g.master.numel() and value.dim() == 1:
-                tensors[f"g{g.index}.{key}"] = value.detach()[local].cpu().clone()
-            elif torch.is_tensor(value) and value.numel() == 1:
-                scalars[key] = value.item()
-                tensor_scalars.add(key)
-            elif isinstance(value, int | float | bool):
-                scalars[key] = value
-            else:
-                raise ZeroConfigError(
-                    f"optimizer state {key!r} of group {g.index} is neither element-wise "
-                    "nor a scalar, so it cannot be sharded"
-                )
+        state = zero.optimizer.state.get(g.master, {})
+        scalars = split_group_state(state, g.master.numel(), local, g.index, tensors, tensor_scalars)
         groups_meta.append(
             {
                 "numel": g.layout.numel,

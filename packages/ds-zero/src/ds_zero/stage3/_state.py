@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from .._errors import ZeroConfigError
+from .._state import split_group_state
 from ._partition import PartitionedParams
 from ._subgroups import SubGroups
 
@@ -35,19 +36,8 @@ def sharded_state(
         ps = layout.partition_range(params.rank)[0]
         local = slice(s0 - ps, s1 - ps)
         tensors[f"g{g}.master"] = master.detach()[local].cpu().clone()
-        scalars = {}
-        for key, value in sub_groups.state_of(optimizer, g).items():
-            if torch.is_tensor(value) and value.dim() == 1 and value.numel() == master.numel():
-                tensors[f"g{g}.{key}"] = value.detach()[local].cpu().clone()
-            elif torch.is_tensor(value) and value.numel() == 1:
-                scalars[key] = value.item()
-                tensor_scalars.add(key)
-            elif isinstance(value, int | float | bool):
-                scalars[key] = value
-            else:
-                raise ZeroConfigError(
-                    f"optimizer state {key!r} of group {g} is not element-wise; it cannot be sharded"
-                )
+        state = sub_groups.state_of(optimizer, g)
+        scalars = split_group_state(state, master.numel(), local, g, tensors, tensor_scalars)
         groups_meta.append(
             {
                 "numel": layout.numel,
