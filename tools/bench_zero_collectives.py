@@ -4,7 +4,7 @@
 The three give each rank the sum of its slice (all_reduce gives more); ZeRO's reduce_scatter path picks
 the one that measures fastest here. Median of 5 timed runs after 2 warm-ups, rank 0.
 
-    .venv/bin/python packages/ds-zero/bench/bench_collectives.py [WORLD]
+    .venv/bin/python tools/bench_zero_collectives.py [WORLD]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Overhead = median(engine step) - median(ceiling), per case, in one interleaved r
 Also prints the live tensor bytes on rank 0 after the last step (distinct storages found by walking gc),
 with each case in its own job.
 
-    .venv/bin/python packages/ds-zero/bench/bench_overhead.py [--world 2] [--steps 20] [--width 1024]
+    .venv/bin/python tools/bench_zero_overhead.py [--world 2] [--steps 20] [--width 1024]
 """
 
 from __future__ import annotations
