@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 
 
 def _time(fn) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "testing"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 
 
 def _model(width: int) -> nn.Module:
