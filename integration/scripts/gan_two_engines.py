@@ -4,8 +4,9 @@ The discriminator's parameters receive gradients during the generator engine's b
 clears them with ``netD.zero_grad()`` on the raw module (mode ``zero_grad``), or leaves them to add
 into D's next backward (mode ``accumulate``), or lets them arrive after D's backward and before D's
 step (mode ``late``: stage 0 applies them to each rank unaveraged; ZeRO must refuse). Rank 0 writes
-D's and G's final weights (or the error) as JSON. Used by test_zero_outside_backward.py.
-Usage: ds-launch --num_procs W gan_two_engines.py OUT.json STAGE MODE
+D's and G's final weights (or the error) as JSON, one entry per run. Used by test_zero_outside_backward.py.
+Several runs share one launch (each builds its own fresh engines), because a launch costs more than a run.
+Usage: ds-launch --num_procs W gan_two_engines.py OUT.json STAGE:MODE [STAGE:MODE ...]
 """
 
 from __future__ import annotations
@@ -32,14 +33,8 @@ def config(stage: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("out")
-    parser.add_argument("stage", type=int)
-    parser.add_argument("mode", choices=["zero_grad", "accumulate", "late"])
-    parser.add_argument("--local_rank", type=int, default=-1)
-    args = parser.parse_args()
-    out, stage, mode = args.out, args.stage, args.mode
+def train(stage: int, mode: str) -> dict:
+    """One run: fresh models and engines at ``stage``, trained in ``mode``; D's and G's weights or the error."""
     torch.manual_seed(0)
     net_g = nn.Sequential(nn.Linear(NOISE, 16), nn.Tanh(), nn.Linear(16, 5))
     net_d = nn.Sequential(nn.Linear(5, 12), nn.Tanh(), nn.Linear(12, 1))
@@ -71,11 +66,26 @@ def main() -> None:
             engine_g.step()
     except Exception as exc:  # noqa: BLE001 - the test reads the message
         error = f"{type(exc).__name__}: {exc}"
-    if rank == 0:
-        weights = {f"d.{k}": v.tolist() for k, v in net_d.state_dict().items()}
-        weights.update({f"g.{k}": v.tolist() for k, v in net_g.state_dict().items()})
-        with open(out, "w") as f:
-            json.dump({"weights": weights, "error": error}, f)
+    weights = {f"d.{k}": v.tolist() for k, v in net_d.state_dict().items()}
+    weights.update({f"g.{k}": v.tolist() for k, v in net_g.state_dict().items()})
+    return {"weights": weights, "error": error}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("runs", nargs="+", help="STAGE:MODE, e.g. 1:zero_grad")
+    parser.add_argument("--local_rank", type=int, default=-1)
+    args = parser.parse_args()
+    results = {}
+    for run in args.runs:
+        stage, mode = run.split(":")
+        if mode not in ("zero_grad", "accumulate", "late"):
+            parser.error(f"unknown mode {mode!r} in {run!r}: use zero_grad, accumulate or late")
+        results[run] = train(int(stage), mode)
+    if dist.get_rank() == 0:
+        with open(args.out, "w") as f:
+            json.dump(results, f)
 
 
 if __name__ == "__main__":
