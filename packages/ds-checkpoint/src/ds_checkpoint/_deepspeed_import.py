@@ -1,4 +1,4 @@
-"""Read checkpoints written by the ``deepspeed`` package (ZeRO 0, 1, 2) without unpickling its classes.
+"""Read checkpoints written by the ``deepspeed`` package (ZeRO 0-3) without unpickling its classes.
 
 Files are read with ``torch.load(weights_only=True)``: torch's restricted unpickler, which only
 rebuilds tensors, storages, ``torch.Size``, ``OrderedDict`` and plain containers/numbers/strings,
@@ -11,6 +11,13 @@ itself is never imported and no DeepSpeed code runs):
 * ``deepspeed.runtime.zero.config.ZeroStageEnum`` -> ``int``-returning function
 
 Any other global in a file makes the load fail with ``DeepSpeedImportError`` naming the file.
+
+Layouts: ZeRO 0-2 write one ``mp_rank_00_model_states.pt`` with the full module; ZeRO 1/2 split each
+optimizer group's flat (concatenated) fp32 space into one contiguous range per rank. ZeRO 3 writes a
+model file per rank whose partitioned parameters are empty placeholders, and partitions every parameter
+on its own: rank r holds elements [r*c, (r+1)*c) of each parameter (c = ceil(numel / ranks), the last
+rank's slice zero-padded), concatenated in group order as ``fp32_flat_groups[g]``; the Adam moments of
+that flat partition follow the same layout. ZeRO 3 is reassembled here into whole groups.
 """
 
 from __future__ import annotations
@@ -225,24 +232,100 @@ def _zero_shard(
         for key in ("exp_avg", "exp_avg_sq"):
             if key in state:
                 tensors[f"g{g}.{key}"] = state[key].float().reshape(-1)[: fp32.numel()].clone()
+    return tensors, _shard_meta(osd, groups, rank, world)
+
+
+def _shard_meta(osd: dict[str, Any], groups: list[dict], rank: int, world: int) -> dict[str, Any]:
     extra = {
         "loss_scaler": _plain(osd.get("loss_scaler")),
         "dynamic_loss_scale": osd.get("dynamic_loss_scale"),
         "clip_grad": osd.get("clip_grad"),
     }
-    return tensors, {
-        "format": SHARD_FORMAT,
-        "world_size": world,
-        "rank": rank,
-        "groups": groups,
-        "extra": extra,
-    }
+    return {"format": SHARD_FORMAT, "world_size": world, "rank": rank, "groups": groups, "extra": extra}
+
+
+def _unpartition(per_rank: list[torch.Tensor], shapes: dict[str, Any], what: str) -> torch.Tensor:
+    """A group's unpadded flat space from ZeRO 3's per-rank flat partitions (layout: module docstring)."""
+    world, size = len(per_rank), per_rank[0].numel()
+    if any(t.numel() != size for t in per_rank):
+        raise CheckpointCorruptError(
+            f"{what}: the ranks' partitions differ in size {[t.numel() for t in per_rank]}"
+        )
+    pieces, offset = [], 0
+    for name, shape in shapes.items():
+        numel = torch.Size(shape).numel()
+        chunk = -(-numel // world)
+        if offset + chunk > size:
+            raise CheckpointCorruptError(
+                f"{what}: partitions of {size} elements end before parameter {name!r} {list(shape)}"
+            )
+        whole = torch.cat([t.reshape(-1)[offset : offset + chunk] for t in per_rank])
+        pieces.append(whole[:numel].float())
+        offset += chunk
+    # elements past the last parameter (if any) are alignment padding at the partition's end
+    return torch.cat(pieces) if pieces else torch.empty(0)
+
+
+def _zero3_shard(osds: list[dict[str, Any]], shapes: list[dict], paths: list[Path]) -> tuple[dict, dict]:
+    """One whole ``ds-flat-shard/1`` shard (world size 1) from the ranks' ZeRO 3 optimizer states."""
+    tensors, groups = {}, []
+    for g, names_shapes in enumerate(shapes):
+        bases = [osd["optimizer_state_dict"]["state"] for osd in osds]
+        states = [base.get(g, base.get(str(g), {})) for base in bases]
+        hparams = osds[0]["optimizer_state_dict"]["param_groups"][g]
+        meta = _group_meta(names_shapes, hparams, states[0].get("step", 0))
+        meta["shard"] = [0, meta["numel"]]
+        groups.append(meta)
+        what = f"{paths[0].parent} group {g}"
+        tensors[f"g{g}.master"] = _unpartition([o["fp32_flat_groups"][g] for o in osds], names_shapes, what)
+        for key in ("exp_avg", "exp_avg_sq"):
+            if all(key in st for st in states):
+                tensors[f"g{g}.{key}"] = _unpartition([st[key] for st in states], names_shapes, what)
+    return tensors, _shard_meta(osds[0], groups, 0, 1)
+
+
+def _zero3_module(model: dict[str, Any], shard: tuple[dict, dict], path: Path) -> dict[str, torch.Tensor]:
+    """The module state with ZeRO 3's empty placeholders replaced by the fp32 masters (in their dtype)."""
+    if model.get("frozen_param_shapes"):
+        raise DeepSpeedImportError(
+            f"{path}: frozen (requires_grad=False) parameters {sorted(model['frozen_param_shapes'])} are "
+            "partitioned in per-rank fragments that ds cannot import yet; unfreeze them before saving"
+        )
+    tensors, meta = shard
+    full = {}
+    for g, group in enumerate(meta["groups"]):
+        for p in group["params"]:
+            numel = torch.Size(p["shape"]).numel()
+            full[p["name"]] = tensors[f"g{g}.master"][p["offset"] : p["offset"] + numel].view(p["shape"])
+    # a tied parameter is stored once; DeepSpeed records its other names as {alias: stored name}
+    for alias, source in (model.get("shared_params") or {}).items():
+        full[alias] = full[source]
+    state = {}
+    for name, tensor in model["module"].items():
+        if name in full:
+            state[name] = full[name].to(tensor.dtype).clone()
+        elif tensor.numel() == 0 and name not in (model.get("buffer_names") or []):
+            raise DeepSpeedImportError(
+                f"{path}: module entry {name!r} is a placeholder with no saved parameter"
+            )
+        else:
+            state[name] = tensor
+    return state
+
+
+def _optimizer_state(path: Path) -> dict[str, Any]:
+    loaded = safe_torch_load(path)
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("optimizer_state_dict"), dict):
+        raise CheckpointCorruptError(
+            f"{path} has no 'optimizer_state_dict' entry (not a DeepSpeed ZeRO file?)"
+        )
+    return loaded["optimizer_state_dict"]
 
 
 def load_deepspeed(
     ckpt_dir: str | os.PathLike, tag: str | None = None, *, param_names: list[str] | None = None
 ) -> DeepSpeedCheckpoint:
-    """Read a DeepSpeed ZeRO 0/1/2 checkpoint from ``ckpt_dir`` (``tag``, default: ``latest``).
+    """Read a DeepSpeed ZeRO 0/1/2/3 checkpoint from ``ckpt_dir`` (``tag``, default: ``latest``).
 
     ``param_names`` (ZeRO 0 only, where DeepSpeed stores no names): the module state-dict names
     of the optimizer's parameters in optimizer order; default: the module's parameter order.
@@ -255,34 +338,35 @@ def load_deepspeed(
             raise CheckpointNotFoundError(f"{latest} does not exist: pass the tag explicitly")
         tag = latest.read_text().strip()
     tag_dir = ckpt_dir / str(tag)
-    if not (tag_dir / "mp_rank_00_model_states.pt").exists() and any(
-        tag_dir.glob("zero_pp_rank_*_model_states.pt")
-    ):
-        raise DeepSpeedImportError(
-            f"{tag_dir} is a DeepSpeed ZeRO stage-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt), "
-            "which ds cannot import yet: run DeepSpeed's zero_to_fp32.py on it and load the resulting fp32 "
-            "weights into the module before ds_engine.initialize()"
-        )
-    model = safe_torch_load(tag_dir / "mp_rank_00_model_states.pt")
+    model_path = tag_dir / "mp_rank_00_model_states.pt"
+    if not model_path.exists() and (tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt").exists():
+        model_path = tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO 3: one per rank
+    model = safe_torch_load(model_path)
     if not isinstance(model, dict) or "module" not in model:
-        raise DeepSpeedImportError(f"{tag_dir / 'mp_rank_00_model_states.pt'} has no 'module' entry")
+        raise DeepSpeedImportError(f"{model_path} has no 'module' entry")
     world = int(model.get("dp_world_size", 1))
+    module_state = dict(model["module"].items())
     if model.get("param_shapes") is None:  # no ZeRO: optimizer state lives in the model file
-        shards, stage = _zero0_shard(model, tag_dir / "mp_rank_00_model_states.pt", param_names), 0
+        shards, stage = _zero0_shard(model, model_path, param_names), 0
     else:
         prefix = "bf16_" if (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").exists() else ""
-        shards, stage = [], 0
-        for r in range(world):
-            path = tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-            osd = safe_torch_load(path)["optimizer_state_dict"]
-            stage = int(osd.get("zero_stage", 1))
-            shards.append(_zero_shard(osd, model["param_shapes"], r, world, path))
+        paths = [tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+        osds = [_optimizer_state(path) for path in paths]
+        stage = int(osds[0].get("zero_stage", 1))
+        if stage == 3:
+            shards = [_zero3_shard(osds, model["param_shapes"], paths)]
+            module_state = _zero3_module(model, shards[0], model_path)
+        else:
+            shards = [
+                _zero_shard(o, model["param_shapes"], r, world, p)
+                for r, (o, p) in enumerate(zip(osds, paths))
+            ]
     loss_scaler = shards[0][1]["extra"].get("loss_scaler") if shards else None
     return DeepSpeedCheckpoint(
         path=tag_dir,
         zero_stage=stage,
         world_size=world,
-        model_state={k: v for k, v in model["module"].items()},
+        model_state=module_state,
         shards=shards,
         lr_scheduler=_plain(model.get("lr_scheduler")),
         loss_scaler=loss_scaler,
