@@ -16,7 +16,7 @@ ZeRO 3 cases use a model with a tied weight (``5.weight`` is ``3.weight``) and o
 DeepSpeed's per-parameter partition padding matters. Their ``expected.safetensors`` also holds
 ``zero_to_fp32.<name>``: DeepSpeed's own ``get_fp32_state_dict_from_zero_checkpoint`` of the saved files,
 and ``expected.json`` the ``config`` used and ``resume_losses``: the mean loss over both ranks of
-RESUME_STEPS more steps DeepSpeed took after saving, rank r feeding rows [4r, 4r+4) of
+RESUME_STEPS more steps DeepSpeed took after saving (module in eval mode), rank r feeding rows [4r, 4r+4) of
 ``torch.randn(8, 4, generator=torch.Generator().manual_seed(RESUME_SEED + step))``.
 """
 
@@ -146,6 +146,13 @@ def _worker(stage: int, dtype: str, out: Path) -> None:
         loss = engine(x).float().pow(2).mean()
         engine.backward(loss)
         engine.step()
+    if stage == 3:
+        # each rank's BatchNorm statistics differ, and stage 3 saves every rank's (one model file each),
+        # where a ds import keeps one set: average them first so a resume at any world size can match
+        for buffer in engine.module.buffers():
+            if buffer.is_floating_point():
+                torch.distributed.all_reduce(buffer)
+                buffer /= torch.distributed.get_world_size()
     client_state = {"epoch": 2, "note": "fixture", "best_loss": 0.25}
     engine.save_checkpoint(str(out / "ckpt"), tag="global_step3", client_state=client_state)
 
@@ -186,9 +193,14 @@ def _worker(stage: int, dtype: str, out: Path) -> None:
 
 
 def _continue(engine, rank: int) -> list[float]:
-    """RESUME_STEPS more steps after the save; the mean loss over the ranks of each."""
+    """RESUME_STEPS more steps after the save; the mean loss over the ranks of each.
+
+    In eval mode: BatchNorm then normalizes with the saved running statistics, not per-rank batch
+    statistics, so a resumed run at another world size computes the same losses.
+    """
     import torch
 
+    engine.module.eval()
     losses = []
     for step in range(RESUME_STEPS):
         batch = torch.randn(4 * WORLD_SIZE, 4, generator=torch.Generator().manual_seed(RESUME_SEED + step))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -221,3 +222,32 @@ def test_zero3_converted_checkpoint_loads_and_exports(tmp_path):
     weights = load_file(tmp_path / "w.safetensors")
     for name in ("0.weight", "0.bias", "3.weight", "5.weight", "7.bias"):
         assert torch.equal(weights[name], expected[f"zero_to_fp32.{name}"]), name
+
+
+def test_zero3_frozen_parameters_are_refused_by_name(tmp_path):
+    from ds_checkpoint._deepspeed_import import safe_torch_load
+
+    ds, tag = _copy(tmp_path, "frozen")
+    model_file = tag / "zero_pp_rank_0_mp_rank_00_model_states.pt"
+    model = safe_torch_load(model_file)
+    model["frozen_param_shapes"] = {"9.weight": torch.Size([2, 2])}
+    torch.save(model, model_file)
+    with pytest.raises(DeepSpeedImportError, match=r"frozen .*\['9.weight'\]"):
+        load_deepspeed(ds)
+
+
+def test_zero3_buffers_that_differ_by_rank_are_reported(tmp_path):
+    from ds_checkpoint._deepspeed_import import safe_torch_load
+
+    ds, tag = _copy(tmp_path, "buffers")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the fixture's ranks agree: no warning
+        load_deepspeed(ds)
+    model_file = tag / "zero_pp_rank_1_mp_rank_00_model_states.pt"
+    model = safe_torch_load(model_file)
+    model["module"]["1.running_mean"] += 1
+    torch.save(model, model_file)
+    with pytest.warns(UserWarning, match=r"different values for buffers \['1.running_mean'\].*rank 0's"):
+        ckpt = load_deepspeed(ds)
+    expected = load_file(FIXTURES / "zero3_fp32" / "expected.safetensors")
+    assert torch.equal(ckpt.model_state["1.running_mean"], expected["module.1.running_mean"])

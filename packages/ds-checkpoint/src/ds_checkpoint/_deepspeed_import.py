@@ -1,104 +1,41 @@
 """Read checkpoints written by the ``deepspeed`` package (ZeRO 0-3) without unpickling its classes.
 
-Files are read with ``torch.load(weights_only=True)``: torch's restricted unpickler, which only
-rebuilds tensors, storages, ``torch.Size``, ``OrderedDict`` and plain containers/numbers/strings,
-plus exactly these DeepSpeed names, each mapped to an inert stand-in defined here (DeepSpeed
-itself is never imported and no DeepSpeed code runs):
-
-* ``deepspeed.runtime.fp16.loss_scaler.LossScaler`` / ``DynamicLossScaler`` -> ``PickledState``
-  (keeps the pickled attribute dict, nothing else)
-* ``deepspeed.utils.tensor_fragment.fragment_address`` -> ``PickledState``
-* ``deepspeed.runtime.zero.config.ZeroStageEnum`` -> ``int``-returning function
-
-Any other global in a file makes the load fail with ``DeepSpeedImportError`` naming the file.
-
-Layouts: ZeRO 0-2 write one ``mp_rank_00_model_states.pt`` with the full module; ZeRO 1/2 split each
-optimizer group's flat (concatenated) fp32 space into one contiguous range per rank. ZeRO 3 writes a
-model file per rank whose partitioned parameters are empty placeholders, and partitions every parameter
-on its own: rank r holds elements [r*c, (r+1)*c) of each parameter (c = ceil(numel / ranks), the last
-rank's slice zero-padded), concatenated in group order as ``fp32_flat_groups[g]``; the Adam moments of
-that flat partition follow the same layout. ZeRO 3 is reassembled here into whole groups.
+Files are read by ``_deepspeed_files.safe_torch_load`` (weights_only and a four-name allow-list).
+ZeRO 0-2 write one ``mp_rank_00_model_states.pt`` with the full module; ZeRO 1/2 split each optimizer
+group's flat (concatenated) fp32 space into one contiguous range per rank, which maps onto
+``ds-flat-shard/1`` shards directly. ZeRO 3 (``_deepspeed_zero3``) is reassembled into whole groups.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ._deepspeed_files import (
+    PickledState,
+    group_meta,
+    optimizer_state,
+    plain,
+    safe_torch_load,
+    shard_meta,
+)
+from ._deepspeed_zero3 import warn_if_buffers_differ, zero3_module, zero3_shard
 from ._errors import CheckpointCorruptError, CheckpointNotFoundError, DeepSpeedImportError
-from ._format import SHARD_FORMAT
 from ._load import covering_pieces, new_shard_meta
 from ._save import save_state
 
+__all__ = ["DeepSpeedCheckpoint", "PickledState", "load_deepspeed", "safe_torch_load"]
 
-class PickledState:
-    """Inert stand-in for an allowed DeepSpeed object: only its pickled attribute dict is kept."""
-
-    def __setstate__(self, state: Any) -> None:
-        self.__dict__["state"] = state if isinstance(state, dict) else {"value": state}
-
-    def as_dict(self) -> dict[str, Any]:
-        """The pickled attributes."""
-        return dict(self.__dict__.get("state", {}))
-
-
-def _zero_stage(value: Any) -> int:
-    return int(value)
-
-
-ALLOWED_GLOBALS: list[tuple[Any, str]] = [
-    (PickledState, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
-    (PickledState, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
-    (PickledState, "deepspeed.utils.tensor_fragment.fragment_address"),
-    (_zero_stage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
-]
 MODEL_KEYS = {
     "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
     "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
     "csr_tensor_module_names", "skipped_steps", "global_steps", "global_samples", "dp_world_size",
     "mp_world_size", "ds_config", "ds_version", "checkpoint_parallel_dimensions",
 }  # fmt: skip
-
-
-def safe_torch_load(path: Path) -> Any:
-    """``torch.load`` with weights_only and the DeepSpeed allow-list; errors name the file."""
-    if not path.is_file():
-        raise CheckpointNotFoundError(f"DeepSpeed checkpoint file {path} does not exist")
-    try:
-        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Unsupported global" in str(e) or "not an allowed global" in str(e):
-            first = str(e).split("\n")[0]
-            raise DeepSpeedImportError(
-                f"{path}: refused to unpickle a class outside the allow-list: {first}"
-            ) from None
-        raise CheckpointCorruptError(
-            f"{path} is not a readable torch checkpoint (truncated or tampered?): {e}"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise CheckpointCorruptError(
-            f"{path} is not a readable torch checkpoint (truncated or tampered?): {e}"
-        ) from None
-
-
-def _plain(value: Any) -> Any:
-    """Stand-ins and tensors inside scaler/scheduler state as plain JSON-able values."""
-    if isinstance(value, PickledState):
-        return _plain(value.as_dict())
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    return value
 
 
 @dataclass
@@ -156,19 +93,6 @@ class DeepSpeedCheckpoint:
         return path
 
 
-def _group_meta(names_shapes: dict[str, Any], hparams: dict[str, Any], step: Any) -> dict[str, Any]:
-    params, offset = [], 0
-    for name, shape in names_shapes.items():
-        params.append({"name": name, "shape": [int(d) for d in shape], "offset": offset})
-        offset += torch.Size(shape).numel()
-    return {
-        "numel": offset,
-        "params": params,
-        "hparams": {k: _plain(v) for k, v in hparams.items() if k != "params"},
-        "scalars": {"step": _plain(step)},
-    }
-
-
 def _zero0_shard(model: dict[str, Any], path: Path, param_names: list[str] | None) -> list[tuple[dict, dict]]:
     osd = model.get("optimizer")
     if not osd:
@@ -200,15 +124,14 @@ def _zero0_shard(model: dict[str, Any], path: Path, param_names: list[str] | Non
             shapes[name] = list(model["module"][name].shape)
             index += 1
         states = [osd["state"].get(i, {}) for i in pg["params"]]
-        meta = _group_meta(shapes, pg, states[0].get("step", 0) if states else 0)
+        meta = group_meta(shapes, pg, states[0].get("step", 0) if states else 0)
         meta["shard"] = [0, meta["numel"]]
         groups.append(meta)
         tensors[f"g{g}.master"] = torch.cat([model["module"][n].float().reshape(-1) for n in shapes])
         for key in ("exp_avg", "exp_avg_sq"):
             if all(key in s for s in states):
                 tensors[f"g{g}.{key}"] = torch.cat([s[key].float().reshape(-1) for s in states])
-    meta = {"format": SHARD_FORMAT, "world_size": 1, "rank": 0, "groups": groups, "extra": {}}
-    return [(tensors, meta)]
+    return [(tensors, shard_meta(osd, groups, 0, 1))]
 
 
 def _zero_shard(
@@ -222,7 +145,7 @@ def _zero_shard(
     for g, fp32 in enumerate(osd["single_partition_of_fp32_groups"]):  # padding already stripped
         state = base["state"].get(g, base["state"].get(str(g), {}))
         partition_numel = fp32.numel() + paddings[g]
-        meta = _group_meta(shapes[g], base["param_groups"][g], state.get("step", 0))
+        meta = group_meta(shapes[g], base["param_groups"][g], state.get("step", 0))
         start = rank * partition_numel
         meta["shard"] = [min(start, meta["numel"]), min(start + fp32.numel(), meta["numel"])]
         if meta["shard"][1] - meta["shard"][0] != fp32.numel():
@@ -232,94 +155,7 @@ def _zero_shard(
         for key in ("exp_avg", "exp_avg_sq"):
             if key in state:
                 tensors[f"g{g}.{key}"] = state[key].float().reshape(-1)[: fp32.numel()].clone()
-    return tensors, _shard_meta(osd, groups, rank, world)
-
-
-def _shard_meta(osd: dict[str, Any], groups: list[dict], rank: int, world: int) -> dict[str, Any]:
-    extra = {
-        "loss_scaler": _plain(osd.get("loss_scaler")),
-        "dynamic_loss_scale": osd.get("dynamic_loss_scale"),
-        "clip_grad": osd.get("clip_grad"),
-    }
-    return {"format": SHARD_FORMAT, "world_size": world, "rank": rank, "groups": groups, "extra": extra}
-
-
-def _unpartition(per_rank: list[torch.Tensor], shapes: dict[str, Any], what: str) -> torch.Tensor:
-    """A group's unpadded flat space from ZeRO 3's per-rank flat partitions (layout: module docstring)."""
-    world, size = len(per_rank), per_rank[0].numel()
-    if any(t.numel() != size for t in per_rank):
-        raise CheckpointCorruptError(
-            f"{what}: the ranks' partitions differ in size {[t.numel() for t in per_rank]}"
-        )
-    pieces, offset = [], 0
-    for name, shape in shapes.items():
-        numel = torch.Size(shape).numel()
-        chunk = -(-numel // world)
-        if offset + chunk > size:
-            raise CheckpointCorruptError(
-                f"{what}: partitions of {size} elements end before parameter {name!r} {list(shape)}"
-            )
-        whole = torch.cat([t.reshape(-1)[offset : offset + chunk] for t in per_rank])
-        pieces.append(whole[:numel].float())
-        offset += chunk
-    # elements past the last parameter (if any) are alignment padding at the partition's end
-    return torch.cat(pieces) if pieces else torch.empty(0)
-
-
-def _zero3_shard(osds: list[dict[str, Any]], shapes: list[dict], paths: list[Path]) -> tuple[dict, dict]:
-    """One whole ``ds-flat-shard/1`` shard (world size 1) from the ranks' ZeRO 3 optimizer states."""
-    tensors, groups = {}, []
-    for g, names_shapes in enumerate(shapes):
-        bases = [osd["optimizer_state_dict"]["state"] for osd in osds]
-        states = [base.get(g, base.get(str(g), {})) for base in bases]
-        hparams = osds[0]["optimizer_state_dict"]["param_groups"][g]
-        meta = _group_meta(names_shapes, hparams, states[0].get("step", 0))
-        meta["shard"] = [0, meta["numel"]]
-        groups.append(meta)
-        what = f"{paths[0].parent} group {g}"
-        tensors[f"g{g}.master"] = _unpartition([o["fp32_flat_groups"][g] for o in osds], names_shapes, what)
-        for key in ("exp_avg", "exp_avg_sq"):
-            if all(key in st for st in states):
-                tensors[f"g{g}.{key}"] = _unpartition([st[key] for st in states], names_shapes, what)
-    return tensors, _shard_meta(osds[0], groups, 0, 1)
-
-
-def _zero3_module(model: dict[str, Any], shard: tuple[dict, dict], path: Path) -> dict[str, torch.Tensor]:
-    """The module state with ZeRO 3's empty placeholders replaced by the fp32 masters (in their dtype)."""
-    if model.get("frozen_param_shapes"):
-        raise DeepSpeedImportError(
-            f"{path}: frozen (requires_grad=False) parameters {sorted(model['frozen_param_shapes'])} are "
-            "partitioned in per-rank fragments that ds cannot import yet; unfreeze them before saving"
-        )
-    tensors, meta = shard
-    full = {}
-    for g, group in enumerate(meta["groups"]):
-        for p in group["params"]:
-            numel = torch.Size(p["shape"]).numel()
-            full[p["name"]] = tensors[f"g{g}.master"][p["offset"] : p["offset"] + numel].view(p["shape"])
-    # a tied parameter is stored once; DeepSpeed records its other names as {alias: stored name}
-    for alias, source in (model.get("shared_params") or {}).items():
-        full[alias] = full[source]
-    state = {}
-    for name, tensor in model["module"].items():
-        if name in full:
-            state[name] = full[name].to(tensor.dtype).clone()
-        elif tensor.numel() == 0 and name not in (model.get("buffer_names") or []):
-            raise DeepSpeedImportError(
-                f"{path}: module entry {name!r} is a placeholder with no saved parameter"
-            )
-        else:
-            state[name] = tensor
-    return state
-
-
-def _optimizer_state(path: Path) -> dict[str, Any]:
-    loaded = safe_torch_load(path)
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("optimizer_state_dict"), dict):
-        raise CheckpointCorruptError(
-            f"{path} has no 'optimizer_state_dict' entry (not a DeepSpeed ZeRO file?)"
-        )
-    return loaded["optimizer_state_dict"]
+    return tensors, shard_meta(osd, groups, rank, world)
 
 
 def load_deepspeed(
@@ -329,7 +165,7 @@ def load_deepspeed(
 
     ``param_names`` (ZeRO 0 only, where DeepSpeed stores no names): the module state-dict names
     of the optimizer's parameters in optimizer order; default: the module's parameter order.
-    Files are loaded with the allow-list described in this module's docstring.
+    Files are loaded with the allow-list described in _deepspeed_files.
     """
     ckpt_dir = Path(ckpt_dir)
     if tag is None:
@@ -351,11 +187,12 @@ def load_deepspeed(
     else:
         prefix = "bf16_" if (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").exists() else ""
         paths = [tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
-        osds = [_optimizer_state(path) for path in paths]
+        osds = [optimizer_state(path) for path in paths]
         stage = int(osds[0].get("zero_stage", 1))
         if stage == 3:
-            shards = [_zero3_shard(osds, model["param_shapes"], paths)]
-            module_state = _zero3_module(model, shards[0], model_path)
+            shards = [zero3_shard(osds, model["param_shapes"], paths)]
+            module_state = zero3_module(model, shards[0], model_path)
+            warn_if_buffers_differ(tag_dir, model["module"], world)
         else:
             shards = [
                 _zero_shard(o, model["param_shapes"], r, world, p)
@@ -368,7 +205,7 @@ def load_deepspeed(
         world_size=world,
         model_state=module_state,
         shards=shards,
-        lr_scheduler=_plain(model.get("lr_scheduler")),
+        lr_scheduler=plain(model.get("lr_scheduler")),
         loss_scaler=loss_scaler,
         counters={k: model.get(k, 0) for k in ("global_steps", "global_samples", "skipped_steps")},
         client_state={k: v for k, v in model.items() if k not in MODEL_KEYS},
