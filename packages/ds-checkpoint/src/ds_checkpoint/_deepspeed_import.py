@@ -46,7 +46,8 @@ class DeepSpeedCheckpoint:
     zero_stage: int
     world_size: int
     model_state: dict[str, torch.Tensor]
-    shards: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]  # ds-flat-shard/1, one per saved rank
+    # ds-flat-shard/1: one per saved rank (ZeRO 1/2), one whole shard (ZeRO 0 and 3)
+    shards: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]
     lr_scheduler: dict[str, Any] | None
     loss_scaler: dict[str, Any] | None
     counters: dict[str, Any]
