@@ -4,13 +4,20 @@ Run from the repository root (any Python; the training itself runs in the DeepSp
 
     python tools/make_deepspeed_fixtures.py [--deepspeed-python /work/venvs/deepspeed/bin/python]
 
-For each case (ZeRO 0 fp32, ZeRO 1 fp32, ZeRO 2 fp32, ZeRO 1 bf16, ZeRO 2 bf16) it trains a tiny model
-for 3 steps on 2 CPU processes (gloo) and writes
+For each case (ZeRO 0 fp32, ZeRO 1 fp32, ZeRO 2 fp32, ZeRO 1 bf16, ZeRO 2 bf16, ZeRO 3 fp32, ZeRO 3 bf16)
+it trains a tiny model for 3 steps on 2 CPU processes (gloo) and writes
 ``packages/ds-checkpoint/tests/fixtures/<case>/ckpt/`` (DeepSpeed's own layout, ``latest`` included) and
 ``<case>/expected.safetensors``: DeepSpeed's live state after the last step (gathered from the
 optimizer's partitions in memory, not from the files), per parameter name: ``fp32.<name>``,
 ``exp_avg.<name>``, ``exp_avg_sq.<name>`` and ``module.<name>`` (the module's state dict), plus
 ``expected.json`` (counters, client_state, scheduler state, loss-scaler state).
+
+ZeRO 3 cases use a model with a tied weight (``5.weight`` is ``3.weight``) and odd-sized parameters, so
+DeepSpeed's per-parameter partition padding matters. Their ``expected.safetensors`` also holds
+``zero_to_fp32.<name>``: DeepSpeed's own ``get_fp32_state_dict_from_zero_checkpoint`` of the saved files,
+and ``expected.json`` the ``config`` used and ``resume_losses``: the mean loss over both ranks of
+RESUME_STEPS more steps DeepSpeed took after saving (module in eval mode), rank r feeding rows [4r, 4r+4) of
+``torch.randn(8, 4, generator=torch.Generator().manual_seed(RESUME_SEED + step))``.
 """
 
 from __future__ import annotations
@@ -27,12 +34,16 @@ from pathlib import Path
 FIXTURES = Path(__file__).resolve().parents[1] / "packages/ds-checkpoint/tests/fixtures"
 WORLD_SIZE = 2
 STEPS = 3
+RESUME_STEPS = 3
+RESUME_SEED = 7
 CASES = {  # name -> (zero stage, dtype)
     "zero0_fp32": (0, "fp32"),
     "zero1_fp32": (1, "fp32"),
     "zero2_fp32": (2, "fp32"),
     "zero1_bf16": (1, "bf16"),
     "zero2_bf16": (2, "bf16"),
+    "zero3_fp32": (3, "fp32"),
+    "zero3_bf16": (3, "bf16"),
 }
 
 
@@ -42,14 +53,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _build_model(dtype: str):
+def _build_model(dtype: str, stage: int = 0):
     import torch
 
     torch.manual_seed(0)
     # 29 trainable elements: not a multiple of 2*dp, so the last rank's partition carries padding.
     # BatchNorm (buffers) in fp32; CPU batch_norm rejects bf16 weights, so LayerNorm (same names) in bf16.
     norm = torch.nn.LayerNorm(3) if dtype == "bf16" else torch.nn.BatchNorm1d(3)
-    return torch.nn.Sequential(torch.nn.Linear(4, 3), norm, torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    if stage < 3:
+        return torch.nn.Sequential(torch.nn.Linear(4, 3), norm, torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    # stage 3 pads every parameter to a multiple of dp: 3-element biases and 9-element weights are odd;
+    # 5.weight is 3.weight (tied), so the checkpoint stores it once
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), norm, torch.nn.ReLU(), torch.nn.Linear(3, 3), torch.nn.Tanh(),
+        torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2),
+    )  # fmt: skip
+    model[5].weight = model[3].weight
+    return model
 
 
 def _full_optimizer_state(engine, stage: int) -> dict:
@@ -58,6 +78,14 @@ def _full_optimizer_state(engine, stage: int) -> dict:
 
     opt = engine.optimizer
     out = {}
+    if stage == 3:  # DeepSpeed's own gather of a partitioned parameter's full state (collective)
+        from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+        for name, param in engine.module.named_parameters():
+            out[f"fp32.{name}"] = safe_get_full_fp32_param(param).detach().float().clone()
+            for key in ("exp_avg", "exp_avg_sq"):
+                out[f"{key}.{name}"] = safe_get_full_optimizer_state(param, key).detach().float().clone()
+        return out
     if stage == 0:  # no ZeRO: the plain torch optimizer owns whole per-parameter state
         for name, param in engine.module.named_parameters():
             out[f"fp32.{name}"] = param.detach().float().clone()
@@ -94,7 +122,7 @@ def _worker(stage: int, dtype: str, out: Path) -> None:
 
     deepspeed.init_distributed(dist_backend="gloo")
     rank = torch.distributed.get_rank()
-    model = _build_model(dtype)
+    model = _build_model(dtype, stage)
     decay = [p for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if not (n.endswith("weight") and p.dim() == 2)]
     optimizer = torch.optim.AdamW(
@@ -107,6 +135,7 @@ def _worker(stage: int, dtype: str, out: Path) -> None:
         "zero_optimization": {"stage": stage},
         "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10, "warmup_max_lr": 1e-2}},
         "steps_per_print": 1000,
+        "gradient_clipping": 1.0,  # DeepSpeed 0.19's default, explicit so a resuming ds engine uses it too
     }
     if dtype == "bf16":
         config["bf16"] = {"enabled": True}
@@ -117,26 +146,72 @@ def _worker(stage: int, dtype: str, out: Path) -> None:
         loss = engine(x).float().pow(2).mean()
         engine.backward(loss)
         engine.step()
+    if stage == 3:
+        # each rank's BatchNorm statistics differ, and stage 3 saves every rank's (one model file each),
+        # where a ds import keeps one set: average them first so a resume at any world size can match
+        for buffer in engine.module.buffers():
+            if buffer.is_floating_point():
+                torch.distributed.all_reduce(buffer)
+                buffer /= torch.distributed.get_world_size()
     client_state = {"epoch": 2, "note": "fixture", "best_loss": 0.25}
     engine.save_checkpoint(str(out / "ckpt"), tag="global_step3", client_state=client_state)
 
     expected = _full_optimizer_state(engine, stage)
-    for name, tensor in engine.module.state_dict().items():
+    if stage == 3:  # the module's partitioned parameters are placeholders: gather them to read
+        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+            module_state = {k: v.detach().clone() for k, v in engine.module.state_dict().items()}
+    else:
+        module_state = engine.module.state_dict()
+    for name, tensor in module_state.items():
         expected[f"module.{name}"] = tensor.detach().clone()
+    # counters and scheduler state as saved, before the continuation moves them on
+    facts = {
+        "zero_stage": stage,
+        "dtype": dtype,
+        "world_size": torch.distributed.get_world_size(),
+        "global_steps": engine.global_steps,
+        "global_samples": engine.global_samples,
+        "skipped_steps": engine.skipped_steps,
+        "client_state": client_state,
+        "lr_scheduler": engine.lr_scheduler.state_dict(),
+        "deepspeed_version": deepspeed.__version__,
+    }
+    resume_losses = _continue(engine, rank) if stage == 3 else None
+    torch.distributed.barrier()
+    if rank == 0 and stage == 3:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        consolidated = get_fp32_state_dict_from_zero_checkpoint(str(out / "ckpt"), tag="global_step3")
+        for name, tensor in consolidated.items():
+            expected[f"zero_to_fp32.{name}"] = tensor.detach().float().clone()
     if rank == 0:
         save_file(expected, str(out / "expected.safetensors"))
-        facts = {
-            "zero_stage": stage,
-            "dtype": dtype,
-            "world_size": torch.distributed.get_world_size(),
-            "global_steps": engine.global_steps,
-            "global_samples": engine.global_samples,
-            "skipped_steps": engine.skipped_steps,
-            "client_state": client_state,
-            "lr_scheduler": engine.lr_scheduler.state_dict(),
-            "deepspeed_version": deepspeed.__version__,
-        }
+        facts["config"] = config
+        if resume_losses is not None:
+            facts["resume_losses"] = resume_losses
         (out / "expected.json").write_text(json.dumps(facts, indent=1, sort_keys=True) + "\n")
+
+
+def _continue(engine, rank: int) -> list[float]:
+    """RESUME_STEPS more steps after the save; the mean loss over the ranks of each.
+
+    In eval mode: BatchNorm then normalizes with the saved running statistics, not per-rank batch
+    statistics, so a resumed run at another world size computes the same losses.
+    """
+    import torch
+
+    engine.module.eval()
+    losses = []
+    for step in range(RESUME_STEPS):
+        batch = torch.randn(4 * WORLD_SIZE, 4, generator=torch.Generator().manual_seed(RESUME_SEED + step))
+        x = batch[4 * rank : 4 * rank + 4].to(next(engine.module.parameters()).dtype)
+        loss = engine(x).float().pow(2).mean()
+        engine.backward(loss)
+        engine.step()
+        total = loss.detach().clone()
+        torch.distributed.all_reduce(total)
+        losses.append(total.item() / WORLD_SIZE)
+    return losses
 
 
 def _run_case(python: str, name: str, stage: int, dtype: str) -> None:

@@ -1,7 +1,7 @@
 """Record the real ``deepspeed`` package's loss curves for integration/test_deepspeed_parity.py.
 
 Runs integration/scripts/deepspeed_example.py (written for DeepSpeed) unchanged on 2 CPU ranks with the
-given DeepSpeed python, for ZeRO stages 0, 1 and 2 (fp32, Adam, WarmupLR), and writes
+given DeepSpeed python, for ZeRO stages 0, 1, 2 and 3 (fp32, Adam, WarmupLR), and writes
 integration/fixtures/deepspeed_losses/<name>.json with the config, the losses and the DeepSpeed version.
 
     python tools/make_deepspeed_loss_fixtures.py --deepspeed-python /work/venvs/deepspeed/bin/python
@@ -39,7 +39,7 @@ def parity_configs() -> dict[str, dict]:
     }
     return {
         f"zero{stage}_fp32_adam_warmuplr": {**base, "zero_optimization": {"stage": stage}}
-        for stage in (0, 1, 2)
+        for stage in (0, 1, 2, 3)
     }
 
 
@@ -102,10 +102,13 @@ def deepspeed_version(python: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--deepspeed-python", default="/work/venvs/deepspeed/bin/python")
+    parser.add_argument("--only", nargs="*", default=None, help="fixture names to (re)record; default all")
     args = parser.parse_args()
     version = deepspeed_version(args.deepspeed_python)
     OUT.mkdir(parents=True, exist_ok=True)
     for name, config in parity_configs().items():
+        if args.only is not None and name not in args.only:
+            continue
         losses_file = OUT / f"{name}.losses.tmp"
         run_ranks(args.deepspeed_python, SCRIPT, config, losses_file)
         record = {

@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("ckpt_dir", help="save directory (with 'latest') or a tag directory")
     exp.add_argument("out", help="output .safetensors file")
     exp.add_argument("--tag", default=None, help="tag to export (default: the one in 'latest')")
-    imp = sub.add_parser("import-deepspeed", help="convert a DeepSpeed ZeRO 0/1/2 checkpoint to this format")
+    imp = sub.add_parser("import-deepspeed", help="convert a DeepSpeed ZeRO 0-3 checkpoint to this format")
     imp.add_argument("ds_dir", help="DeepSpeed save directory (with 'latest')")
     imp.add_argument("save_dir", help="where to write the converted checkpoint")
     imp.add_argument("--tag", default=None, help="DeepSpeed tag (default: the one in 'latest')")

@@ -1,97 +1,41 @@
-"""Read checkpoints written by the ``deepspeed`` package (ZeRO 0, 1, 2) without unpickling its classes.
+"""Read checkpoints written by the ``deepspeed`` package (ZeRO 0-3) without unpickling its classes.
 
-Files are read with ``torch.load(weights_only=True)``: torch's restricted unpickler, which only
-rebuilds tensors, storages, ``torch.Size``, ``OrderedDict`` and plain containers/numbers/strings,
-plus exactly these DeepSpeed names, each mapped to an inert stand-in defined here (DeepSpeed
-itself is never imported and no DeepSpeed code runs):
-
-* ``deepspeed.runtime.fp16.loss_scaler.LossScaler`` / ``DynamicLossScaler`` -> ``PickledState``
-  (keeps the pickled attribute dict, nothing else)
-* ``deepspeed.utils.tensor_fragment.fragment_address`` -> ``PickledState``
-* ``deepspeed.runtime.zero.config.ZeroStageEnum`` -> ``int``-returning function
-
-Any other global in a file makes the load fail with ``DeepSpeedImportError`` naming the file.
+Files are read by ``_deepspeed_files.safe_torch_load`` (weights_only and a four-name allow-list).
+ZeRO 0-2 write one ``mp_rank_00_model_states.pt`` with the full module; ZeRO 1/2 split each optimizer
+group's flat (concatenated) fp32 space into one contiguous range per rank, which maps onto
+``ds-flat-shard/1`` shards directly. ZeRO 3 (``_deepspeed_zero3``) is reassembled into whole groups.
 """
 
 from __future__ import annotations
 
 import os
-import pickle
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ._deepspeed_files import (
+    PickledState,
+    group_meta,
+    optimizer_state,
+    plain,
+    safe_torch_load,
+    shard_meta,
+)
+from ._deepspeed_zero3 import warn_if_buffers_differ, zero3_module, zero3_shard
 from ._errors import CheckpointCorruptError, CheckpointNotFoundError, DeepSpeedImportError
-from ._format import SHARD_FORMAT
 from ._load import covering_pieces, new_shard_meta
 from ._save import save_state
 
+__all__ = ["DeepSpeedCheckpoint", "PickledState", "load_deepspeed", "safe_torch_load"]
 
-class PickledState:
-    """Inert stand-in for an allowed DeepSpeed object: only its pickled attribute dict is kept."""
-
-    def __setstate__(self, state: Any) -> None:
-        self.__dict__["state"] = state if isinstance(state, dict) else {"value": state}
-
-    def as_dict(self) -> dict[str, Any]:
-        """The pickled attributes."""
-        return dict(self.__dict__.get("state", {}))
-
-
-def _zero_stage(value: Any) -> int:
-    return int(value)
-
-
-ALLOWED_GLOBALS: list[tuple[Any, str]] = [
-    (PickledState, "deepspeed.runtime.fp16.loss_scaler.LossScaler"),
-    (PickledState, "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler"),
-    (PickledState, "deepspeed.utils.tensor_fragment.fragment_address"),
-    (_zero_stage, "deepspeed.runtime.zero.config.ZeroStageEnum"),
-]
 MODEL_KEYS = {
     "module", "buffer_names", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
     "frozen_param_fragments", "lr_scheduler", "data_sampler", "random_ltd", "sparse_tensor_module_names",
     "csr_tensor_module_names", "skipped_steps", "global_steps", "global_samples", "dp_world_size",
     "mp_world_size", "ds_config", "ds_version", "checkpoint_parallel_dimensions",
 }  # fmt: skip
-
-
-def safe_torch_load(path: Path) -> Any:
-    """``torch.load`` with weights_only and the DeepSpeed allow-list; errors name the file."""
-    if not path.is_file():
-        raise CheckpointNotFoundError(f"DeepSpeed checkpoint file {path} does not exist")
-    try:
-        with torch.serialization.safe_globals(ALLOWED_GLOBALS):
-            return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if "Unsupported global" in str(e) or "not an allowed global" in str(e):
-            first = str(e).split("\n")[0]
-            raise DeepSpeedImportError(
-                f"{path}: refused to unpickle a class outside the allow-list: {first}"
-            ) from None
-        raise CheckpointCorruptError(
-            f"{path} is not a readable torch checkpoint (truncated or tampered?): {e}"
-        ) from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, OSError, ValueError) as e:
-        raise CheckpointCorruptError(
-            f"{path} is not a readable torch checkpoint (truncated or tampered?): {e}"
-        ) from None
-
-
-def _plain(value: Any) -> Any:
-    """Stand-ins and tensors inside scaler/scheduler state as plain JSON-able values."""
-    if isinstance(value, PickledState):
-        return _plain(value.as_dict())
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return value.item()
-    return value
 
 
 @dataclass
@@ -102,7 +46,8 @@ class DeepSpeedCheckpoint:
     zero_stage: int
     world_size: int
     model_state: dict[str, torch.Tensor]
-    shards: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]  # ds-flat-shard/1, one per saved rank
+    # ds-flat-shard/1: one per saved rank (ZeRO 1/2), one whole shard (ZeRO 0 and 3)
+    shards: list[tuple[dict[str, torch.Tensor], dict[str, Any]]]
     lr_scheduler: dict[str, Any] | None
     loss_scaler: dict[str, Any] | None
     counters: dict[str, Any]
@@ -149,19 +94,6 @@ class DeepSpeedCheckpoint:
         return path
 
 
-def _group_meta(names_shapes: dict[str, Any], hparams: dict[str, Any], step: Any) -> dict[str, Any]:
-    params, offset = [], 0
-    for name, shape in names_shapes.items():
-        params.append({"name": name, "shape": [int(d) for d in shape], "offset": offset})
-        offset += torch.Size(shape).numel()
-    return {
-        "numel": offset,
-        "params": params,
-        "hparams": {k: _plain(v) for k, v in hparams.items() if k != "params"},
-        "scalars": {"step": _plain(step)},
-    }
-
-
 def _zero0_shard(model: dict[str, Any], path: Path, param_names: list[str] | None) -> list[tuple[dict, dict]]:
     osd = model.get("optimizer")
     if not osd:
@@ -193,15 +125,14 @@ def _zero0_shard(model: dict[str, Any], path: Path, param_names: list[str] | Non
             shapes[name] = list(model["module"][name].shape)
             index += 1
         states = [osd["state"].get(i, {}) for i in pg["params"]]
-        meta = _group_meta(shapes, pg, states[0].get("step", 0) if states else 0)
+        meta = group_meta(shapes, pg, states[0].get("step", 0) if states else 0)
         meta["shard"] = [0, meta["numel"]]
         groups.append(meta)
         tensors[f"g{g}.master"] = torch.cat([model["module"][n].float().reshape(-1) for n in shapes])
         for key in ("exp_avg", "exp_avg_sq"):
             if all(key in s for s in states):
                 tensors[f"g{g}.{key}"] = torch.cat([s[key].float().reshape(-1) for s in states])
-    meta = {"format": SHARD_FORMAT, "world_size": 1, "rank": 0, "groups": groups, "extra": {}}
-    return [(tensors, meta)]
+    return [(tensors, shard_meta(osd, groups, 0, 1))]
 
 
 def _zero_shard(
@@ -215,7 +146,7 @@ def _zero_shard(
     for g, fp32 in enumerate(osd["single_partition_of_fp32_groups"]):  # padding already stripped
         state = base["state"].get(g, base["state"].get(str(g), {}))
         partition_numel = fp32.numel() + paddings[g]
-        meta = _group_meta(shapes[g], base["param_groups"][g], state.get("step", 0))
+        meta = group_meta(shapes[g], base["param_groups"][g], state.get("step", 0))
         start = rank * partition_numel
         meta["shard"] = [min(start, meta["numel"]), min(start + fp32.numel(), meta["numel"])]
         if meta["shard"][1] - meta["shard"][0] != fp32.numel():
@@ -225,28 +156,17 @@ def _zero_shard(
         for key in ("exp_avg", "exp_avg_sq"):
             if key in state:
                 tensors[f"g{g}.{key}"] = state[key].float().reshape(-1)[: fp32.numel()].clone()
-    extra = {
-        "loss_scaler": _plain(osd.get("loss_scaler")),
-        "dynamic_loss_scale": osd.get("dynamic_loss_scale"),
-        "clip_grad": osd.get("clip_grad"),
-    }
-    return tensors, {
-        "format": SHARD_FORMAT,
-        "world_size": world,
-        "rank": rank,
-        "groups": groups,
-        "extra": extra,
-    }
+    return tensors, shard_meta(osd, groups, rank, world)
 
 
 def load_deepspeed(
     ckpt_dir: str | os.PathLike, tag: str | None = None, *, param_names: list[str] | None = None
 ) -> DeepSpeedCheckpoint:
-    """Read a DeepSpeed ZeRO 0/1/2 checkpoint from ``ckpt_dir`` (``tag``, default: ``latest``).
+    """Read a DeepSpeed ZeRO 0/1/2/3 checkpoint from ``ckpt_dir`` (``tag``, default: ``latest``).
 
     ``param_names`` (ZeRO 0 only, where DeepSpeed stores no names): the module state-dict names
     of the optimizer's parameters in optimizer order; default: the module's parameter order.
-    Files are loaded with the allow-list described in this module's docstring.
+    Files are loaded with the allow-list described in _deepspeed_files.
     """
     ckpt_dir = Path(ckpt_dir)
     if tag is None:
@@ -255,36 +175,38 @@ def load_deepspeed(
             raise CheckpointNotFoundError(f"{latest} does not exist: pass the tag explicitly")
         tag = latest.read_text().strip()
     tag_dir = ckpt_dir / str(tag)
-    if not (tag_dir / "mp_rank_00_model_states.pt").exists() and any(
-        tag_dir.glob("zero_pp_rank_*_model_states.pt")
-    ):
-        raise DeepSpeedImportError(
-            f"{tag_dir} is a DeepSpeed ZeRO stage-3 checkpoint (per-rank zero_pp_rank_*_model_states.pt), "
-            "which ds cannot import yet: run DeepSpeed's zero_to_fp32.py on it and load the resulting fp32 "
-            "weights into the module before ds_engine.initialize()"
-        )
-    model = safe_torch_load(tag_dir / "mp_rank_00_model_states.pt")
+    model_path = tag_dir / "mp_rank_00_model_states.pt"
+    if not model_path.exists() and (tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt").exists():
+        model_path = tag_dir / "zero_pp_rank_0_mp_rank_00_model_states.pt"  # ZeRO 3: one per rank
+    model = safe_torch_load(model_path)
     if not isinstance(model, dict) or "module" not in model:
-        raise DeepSpeedImportError(f"{tag_dir / 'mp_rank_00_model_states.pt'} has no 'module' entry")
+        raise DeepSpeedImportError(f"{model_path} has no 'module' entry")
     world = int(model.get("dp_world_size", 1))
+    module_state = dict(model["module"].items())
     if model.get("param_shapes") is None:  # no ZeRO: optimizer state lives in the model file
-        shards, stage = _zero0_shard(model, tag_dir / "mp_rank_00_model_states.pt", param_names), 0
+        shards, stage = _zero0_shard(model, model_path, param_names), 0
     else:
         prefix = "bf16_" if (tag_dir / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt").exists() else ""
-        shards, stage = [], 0
-        for r in range(world):
-            path = tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
-            osd = safe_torch_load(path)["optimizer_state_dict"]
-            stage = int(osd.get("zero_stage", 1))
-            shards.append(_zero_shard(osd, model["param_shapes"], r, world, path))
+        paths = [tag_dir / f"{prefix}zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(world)]
+        osds = [optimizer_state(path) for path in paths]
+        stage = int(osds[0].get("zero_stage", 1))
+        if stage == 3:
+            shards = [zero3_shard(osds, model["param_shapes"], paths)]
+            module_state = zero3_module(model, shards[0], model_path)
+            warn_if_buffers_differ(tag_dir, model["module"], world)
+        else:
+            shards = [
+                _zero_shard(o, model["param_shapes"], r, world, p)
+                for r, (o, p) in enumerate(zip(osds, paths))
+            ]
     loss_scaler = shards[0][1]["extra"].get("loss_scaler") if shards else None
     return DeepSpeedCheckpoint(
         path=tag_dir,
         zero_stage=stage,
         world_size=world,
-        model_state={k: v for k, v in model["module"].items()},
+        model_state=module_state,
         shards=shards,
-        lr_scheduler=_plain(model.get("lr_scheduler")),
+        lr_scheduler=plain(model.get("lr_scheduler")),
         loss_scaler=loss_scaler,
         counters={k: model.get(k, 0) for k in ("global_steps", "global_samples", "skipped_steps")},
         client_state={k: v for k, v in model.items() if k not in MODEL_KEYS},
