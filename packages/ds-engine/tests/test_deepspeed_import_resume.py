@@ -64,9 +64,9 @@ def _resume(
     return losses
 
 
+# one case per thing that can differ (ds's stage, ds's world size, the dtype): each costs CI a launch of ranks
 @pytest.mark.parametrize(
-    "case,stage,world", [("zero3_fp32", 3, 2), ("zero3_fp32", 3, 1), ("zero3_fp32", 2, 2), ("zero3_fp32", 2, 1),
-                         ("zero3_bf16", 3, 2), ("zero3_bf16", 2, 1)],
+    "case,stage,world", [("zero3_fp32", 3, 2), ("zero3_fp32", 2, 1), ("zero3_bf16", 3, 1)],
 )  # fmt: skip
 def test_resumed_engine_continues_like_deepspeed(tmp_path, case, stage, world):
     facts = json.loads((FIXTURES / case / "expected.json").read_text())
