@@ -14,10 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from .._comm import AveragingRule, global_rank, plan_buckets
+from .._comm import AveragingRule, plan_buckets, reduce_to_owners
 from .._schedule import BucketSchedule
 from ._partition import ParamSlot, PartitionedParams
 
@@ -114,17 +113,11 @@ class Stage3Reducer:
         self._send(b)
 
     def _send(self, b: _Bucket) -> None:
-        """Reduce each owner's slice of the bucket to that owner (faster than reduce_scatter on gloo)."""
+        """Reduce each owner's slice of the bucket to that owner; at most ``max_inflight`` stay in flight."""
         self.rule.before(b.buf)
-        pg = self.params.process_group
         if self.params.dp > 1:
             layout = self.params.layouts[b.group]
-            b.works = [
-                dist.reduce(
-                    b.buf[lo - b.start : hi - b.start], dst=global_rank(pg, r), group=pg, async_op=True
-                )
-                for r, lo, hi in layout.owners(b.start, b.end)
-            ]
+            b.works = reduce_to_owners(b.buf, layout, b.start, b.end, self.params.process_group)
             self.reduce_calls += len(b.works)
         self._inflight.append(b)
         while len(self._inflight) > self.max_inflight:
