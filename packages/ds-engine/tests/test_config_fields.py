@@ -32,7 +32,9 @@ def test_config_fields_match_what_the_engine_reads(reads, tmp_path):
         {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}},
         {"fp16": {"enabled": True}},
         {"zero_optimization": zero_offload},
-        # stage 3 is wired by the engine itself (the clipping, averaging and accumulation keys)
+        # stage 0 reads the clipping and accumulation keys for its precision wrapper; stage 3 reads its
+        # own through ZeroStage3Optimizer.from_config (ds_zero.CONFIG_FIELDS_STAGE3)
+        {"bf16": {"enabled": True, "grad_accum_dtype": "fp32"}},
         {"bf16": {"enabled": True, "grad_accum_dtype": "fp32"}, "zero_optimization": {"stage": 3}},
         {"csv_monitor": monitor},
     ]

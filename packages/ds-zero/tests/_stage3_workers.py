@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 import torch.utils.checkpoint as ckpt
@@ -73,7 +74,8 @@ def train_reference(steps: int, world: int, gas: int, clip: float, checkpointing
 def build(options: Stage3Options, checkpointing: str | None = None, clip: float = 0.0, dtype=torch.float32):
     torch.manual_seed(0)
     model = Net(checkpointing).to(dtype)
-    zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), options, clip_grad=clip)
+    options = dataclasses.replace(options, clip_grad=clip)
+    zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), options)
     return model, zero
 
 
@@ -93,24 +95,25 @@ def max_error(full: dict, ref: dict) -> float:
 
 
 def parity(rank: int, world: int) -> dict:
-    """Training matches plain torch: fp32, accumulation, clipping, activation checkpointing (both kinds)."""
+    """Training matches plain torch: fp32, accumulation, clipping, activation checkpointing (both kinds),
+    overlap_comm (with gradients arriving late for a bucket already sent, from the recomputation)."""
     out = {}
-    for name, gas, clip, checkpointing in (
-        ("plain", 1, 0.0, None),
-        ("gas2-clip", 2, 0.05, None),
-        ("checkpoint-reentrant", 1, 0.0, "reentrant"),
-        ("checkpoint", 2, 0.0, "non-reentrant"),
+    for name, gas, clip, checkpointing, overlap in (
+        ("plain", 1, 0.0, None, False),
+        ("gas2-clip", 2, 0.05, None, False),
+        ("checkpoint-reentrant", 1, 0.0, "reentrant", False),
+        ("checkpoint", 2, 0.0, "non-reentrant", False),
+        ("overlap-checkpoint-clip", 2, 0.05, "non-reentrant", True),
     ):
         ref = train_reference(4, world, gas, clip, checkpointing)
-        model, zero = build(
-            Stage3Options(param_persistence_threshold=0, reduce_bucket_size=40), checkpointing, clip
-        )
+        options = Stage3Options(param_persistence_threshold=0, reduce_bucket_size=40, overlap_comm=overlap)
+        model, zero = build(options, checkpointing, clip)
         train(model, zero, rank, world, 4, gas)
         out[name] = max_error(zero.module_state_dict(), ref)
     return out
 
 
-def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40) -> dict:
+def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40, overlap: bool = False) -> dict:
     """What a rank holds after a step, and how many collectives gathering and reduction took.
 
     Prefetch and reuse are off: each module's parameters are gathered when it runs, released after.
@@ -120,6 +123,7 @@ def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40) ->
         reduce_bucket_size=bucket,
         prefetch_bucket_size=0,
         max_reuse_distance=0,
+        overlap_comm=overlap,
     )
     model, zero = build(options)
     total = sum(s.numel for s in zero.params.slots.values())
@@ -135,6 +139,7 @@ def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40) ->
         "state_numel": {k: v.numel() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 1},
         "gathered_numel_per_step": zero.params.gathered_numel - gathers,
         "reduces_per_step": zero.grads.reduce_calls - reduces,
+        "peak_inflight": zero.grads.peak_inflight,
         "peak_live_numel": zero.params.peak_live_numel,
         "largest_module_numel": max(
             sum(s.numel for s in zero.params.slots_of(m._parameters.values())) for m in model.modules()
@@ -343,6 +348,7 @@ def world_main(rank: int, world: int) -> dict:
         "partition": partitioning(rank, world),
         "persist": partitioning(rank, world, threshold=50),
         "big_bucket": partitioning(rank, world, bucket=10_000),
+        "overlap": partitioning(rank, world, overlap=True),
         "bf16": mixed_precision(rank, world),
         "gathered": gathered_modify(rank, world),
         "construct": construct_partitioned(rank, world),

@@ -72,6 +72,15 @@ def test_reduce_bucket_size_sets_the_number_of_reductions(world):
         assert small > big  # several buckets: several reductions per owner
 
 
+def test_overlap_comm_keeps_two_reductions_in_flight(world):
+    _, results = world
+    for r in results:
+        plain, overlap = r["partition"], r["overlap"]
+        assert plain["peak_inflight"] == 0, "without overlap_comm each reduction completes at its launch"
+        assert overlap["peak_inflight"] == 2, "overlap_comm: one bucket fills while two are in flight"
+        assert overlap["reduces_per_step"] == plain["reduces_per_step"]  # the same reductions, only later
+
+
 def test_bf16_keeps_fp32_masters(world):
     _, results = world
     for r in results:
@@ -132,29 +141,70 @@ def test_untested_optimizer_is_rejected_with_the_key_to_set():
         dist.destroy_process_group()
 
 
-def test_options_from_config_read_the_keys():
-    from ds_config import ZeroConfig
+def _config(zero: dict, **top: object):
+    from ds_config import load_config
 
+    return load_config(
+        {"train_batch_size": 2, "zero_optimization": {"stage": 3, **zero}, **top}, world_size=1
+    )
+
+
+def test_options_from_config_read_the_keys():
     opts = Stage3Options.from_config(
-        ZeroConfig(
-            stage=3,
-            stage3_param_persistence_threshold=7,
-            reduce_bucket_size=99,
-            overlap_comm=True,
-            stage3_gather_fp16_weights_on_model_save=True,
-            offload_param={"device": "cpu"},
-            stage3_prefetch_bucket_size=11,
-            stage3_max_live_parameters=12,
-            stage3_max_reuse_distance=13,
-            sub_group_size=14,
-        )  # fmt: skip
+        _config(
+            {
+                "stage3_param_persistence_threshold": 7,
+                "reduce_bucket_size": 99,
+                "overlap_comm": True,
+                "stage3_gather_fp16_weights_on_model_save": True,
+                "offload_param": {"device": "cpu"},
+                "stage3_prefetch_bucket_size": 11,
+                "stage3_max_live_parameters": 12,
+                "stage3_max_reuse_distance": 13,
+                "sub_group_size": 14,
+            },
+            gradient_clipping=0.5,
+            prescale_gradients=True,
+            gradient_predivide_factor=4.0,
+            zero_allow_untested_optimizer=True,
+            bf16={"enabled": True, "grad_accum_dtype": "fp32"},
+        )
     )
     assert (opts.param_persistence_threshold, opts.reduce_bucket_size, opts.overlap_comm) == (7, 99, True)
     assert opts.gather_16bit_weights_on_model_save and opts.offload_param and not opts.offload_optimizer
     assert (opts.prefetch_bucket_size, opts.max_live_parameters, opts.max_reuse_distance) == (11, 12, 13)
     assert opts.sub_group_size == 14
+    assert (opts.clip_grad, opts.prescale_gradients, opts.gradient_predivide_factor) == (0.5, True, 4.0)
+    assert opts.allow_untested_optimizer and opts.grad_accum_dtype == torch.float32
+    from ds_config import DSConfig, ZeroConfig
+
+    # load_config already refuses nvme; a DSConfig built in code reaches stage 3's own check
+    nvme = DSConfig(zero_optimization=ZeroConfig(stage=3, offload_param={"device": "nvme"}))
     with pytest.raises(ZeroConfigError, match="offload_param.device 'nvme'"):
-        Stage3Options.from_config(ZeroConfig(stage=3, offload_param={"device": "nvme"}))
+        Stage3Options.from_config(nvme)
+
+
+def test_from_config_wires_the_top_level_keys_into_the_optimizer():
+    """The engine's one call: the averaging rule, clipping and accumulation dtype come from the config."""
+    import torch.distributed as dist
+    from rank_testing import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = w.Net().to(torch.bfloat16)
+        cfg = _config(
+            {},
+            gradient_clipping=0.5,
+            prescale_gradients=True,
+            gradient_predivide_factor=4.0,
+            bf16={"enabled": True, "grad_accum_dtype": "fp32"},
+        )
+        zero = ZeroStage3Optimizer.from_config(model, torch.optim.AdamW(model.parameters()), cfg)
+        assert zero.clip_grad == 0.5
+        assert (zero.grads.rule.prescale, zero.grads.rule.predivide) == (True, 4.0)
+        assert {g.dtype for g in zero.grad_parts} == {torch.float32}
+    finally:  # later test files make their own group
+        dist.destroy_process_group()
 
 
 def test_schedule_keys_keep_training_identical(world):

@@ -88,8 +88,16 @@ def assemble(
             param_names=names,
             model_parallel_group=mp_group,
         )
-    elif cfg.zero_optimization.stage == 3:
-        wrapped = _stage3(model, basic, cfg, dp_group, dp_world_size, scaler, names, mp_group)
+    elif cfg.zero_optimization.stage == 3:  # stage 3 also partitions the model: its hooks gather the weights
+        wrapped = ds_zero.ZeroStage3Optimizer.from_config(
+            model,
+            basic,
+            cfg,
+            process_group=dp_group,
+            scaler=scaler,
+            param_names=names,
+            model_parallel_group=mp_group,
+        )
     else:
         wrapped = ds_precision.MixedPrecisionOptimizer(
             basic,
@@ -124,32 +132,6 @@ def assemble(
         dp_group,
         dp_world_size,
         optimizer is not None,
-    )
-
-
-def _stage3(
-    model: nn.Module,
-    basic: Any,
-    cfg: DSConfig,
-    dp_group: Any,
-    dp: int,
-    scaler: Any,
-    names: dict,
-    mp_group: Any,
-) -> ds_zero.ZeroStage3Optimizer:
-    """Stage 3 also partitions the model itself, so it takes the module (its hooks gather the weights)."""
-    return ds_zero.ZeroStage3Optimizer.from_config(
-        model,
-        basic,
-        cfg.zero_optimization,
-        process_group=dp_group,
-        scaler=scaler,
-        clip_grad=cfg.gradient_clipping,
-        rule=ds_zero.AveragingRule(dp, cfg.prescale_gradients, cfg.gradient_predivide_factor),
-        param_names=names,
-        model_parallel_group=mp_group,
-        grad_accum_dtype=_grad_accum_dtype(cfg),
-        allow_untested_optimizer=cfg.zero_allow_untested_optimizer,
     )
 
 

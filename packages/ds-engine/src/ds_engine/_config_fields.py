@@ -17,9 +17,6 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.stage",
     "zero_optimization.offload_optimizer.device",
     "gradient_clipping",
-    "zero_allow_untested_optimizer",
-    "gradient_predivide_factor",
-    "prescale_gradients",
     # DeepSpeedEngine: logging, timers, checkpoints
     "steps_per_print",
     "wall_clock_breakdown",

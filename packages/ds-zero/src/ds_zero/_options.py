@@ -9,7 +9,14 @@ from ds_config import DSConfig
 
 from ._errors import ZeroConfigError
 
-__all__ = ["DEFAULT_BUCKET_ELEMS", "TESTED_OPTIMIZERS", "ZeroOptions", "check_options"]
+__all__ = [
+    "DEFAULT_BUCKET_ELEMS",
+    "TESTED_OPTIMIZERS",
+    "ZeroOptions",
+    "check_options",
+    "check_step_options",
+    "grad_accum_dtype",
+]
 
 DEFAULT_BUCKET_ELEMS = 500_000_000
 # Optimizers whose update is element-wise, so stepping a flat slice equals stepping whole tensors.
@@ -59,7 +66,6 @@ class ZeroOptions:
                 "embedding's touched rows cannot travel alone. Set sparse_gradients to false (the same "
                 "values; only the bytes sent differ) or use zero_optimization.stage 0"
             )
-        fp32_accum = config.bf16.enabled and config.bf16.grad_accum_dtype == "fp32"
         return cls(
             stage=zero.stage,
             reduce_bucket_size=zero.reduce_bucket_size,
@@ -76,8 +82,13 @@ class ZeroOptions:
             prescale_gradients=config.prescale_gradients,
             fp32_allreduce=config.fp32_allreduce,
             allow_untested_optimizer=config.zero_allow_untested_optimizer,
-            grad_accum_dtype=torch.float32 if fp32_accum else None,
+            grad_accum_dtype=grad_accum_dtype(config),
         )
+
+
+def grad_accum_dtype(config: DSConfig) -> torch.dtype | None:
+    """``torch.float32`` when ``bf16.grad_accum_dtype`` asks for fp32 accumulation; None: the model dtype."""
+    return torch.float32 if config.bf16.enabled and config.bf16.grad_accum_dtype == "fp32" else None
 
 
 def check_options(optimizer: torch.optim.Optimizer | None, opts: ZeroOptions) -> None:
@@ -89,18 +100,13 @@ def check_options(optimizer: torch.optim.Optimizer | None, opts: ZeroOptions) ->
         )
     if optimizer is None:
         raise ZeroConfigError(f"zero stage {opts.stage} requires an optimizer")
-    name = type(optimizer).__name__
-    elementwise = getattr(optimizer, "ds_zero_elementwise", False)
-    if name not in TESTED_OPTIMIZERS and not elementwise and not opts.allow_untested_optimizer:
-        raise ZeroConfigError(
-            f"optimizer {name} is not tested with ZeRO (tested: {', '.join(sorted(TESTED_OPTIMIZERS))}); "
-            "ZeRO steps flat slices, which is only correct for element-wise updates. Set "
-            '"zero_allow_untested_optimizer": true to use it anyway'
-        )
-    if opts.grad_accum_dtype not in (None, torch.float32):
-        raise ZeroConfigError(
-            f"grad_accum_dtype must be torch.float32 or None (the model dtype), got {opts.grad_accum_dtype}"
-        )
+    check_step_options(
+        optimizer,
+        allow_untested_optimizer=opts.allow_untested_optimizer,
+        clip_grad=opts.clip_grad,
+        gradient_predivide_factor=opts.gradient_predivide_factor,
+        grad_accum_dtype=opts.grad_accum_dtype,
+    )
     if opts.fp32_allreduce:
         raise ZeroConfigError(
             "ZeRO does not support 'fp32_allreduce': true; remove the key (ZeRO keeps fp32 "
@@ -116,12 +122,35 @@ def check_options(optimizer: torch.optim.Optimizer | None, opts: ZeroOptions) ->
             "pre-scale gradients is not yet supported with ZeRO-2 with reduce scatter enabled: "
             "set prescale_gradients to false or reduce_scatter to false"
         )
-    if opts.gradient_predivide_factor <= 0:
-        raise ZeroConfigError(f"gradient_predivide_factor must be > 0, got {opts.gradient_predivide_factor}")
     for key in ("reduce_bucket_size", "allgather_bucket_size"):
         if int(getattr(opts, key)) < 1:
             raise ZeroConfigError(
                 f"zero_optimization.{key} must be a positive element count, got {getattr(opts, key)}"
             )
-    if opts.clip_grad < 0:
-        raise ZeroConfigError(f"gradient_clipping must be >= 0 (0 disables it), got {opts.clip_grad}")
+
+
+def check_step_options(
+    optimizer: torch.optim.Optimizer,
+    *,
+    allow_untested_optimizer: bool,
+    clip_grad: float,
+    gradient_predivide_factor: float,
+    grad_accum_dtype: torch.dtype | None,
+) -> None:
+    """The checks every ZeRO stage (1, 2 and 3) makes on its optimizer and step options."""
+    name = type(optimizer).__name__
+    elementwise = getattr(optimizer, "ds_zero_elementwise", False)
+    if name not in TESTED_OPTIMIZERS and not elementwise and not allow_untested_optimizer:
+        raise ZeroConfigError(
+            f"optimizer {name} is not tested with ZeRO (tested: {', '.join(sorted(TESTED_OPTIMIZERS))}); "
+            "ZeRO steps flat slices, which is only correct for element-wise updates. Set "
+            '"zero_allow_untested_optimizer": true to use it anyway'
+        )
+    if grad_accum_dtype not in (None, torch.float32):
+        raise ZeroConfigError(
+            f"grad_accum_dtype must be torch.float32 or None (the model dtype), got {grad_accum_dtype}"
+        )
+    if gradient_predivide_factor <= 0:
+        raise ZeroConfigError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if clip_grad < 0:
+        raise ZeroConfigError(f"gradient_clipping must be >= 0 (0 disables it), got {clip_grad}")

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._comm import AveragingRule, ProcessGroup, flatten, global_rank, plan_buckets
+from ._comm import AveragingRule, ProcessGroup, flatten, plan_buckets, reduce_to_owners
 from ._options import ZeroOptions
 from ._partition import FlatGroup
 from ._schedule import BucketSchedule
@@ -228,20 +228,12 @@ class PartitionReducer:
             p.grad = view.view_as(p)
 
     def _reduce_range(self, g: FlatGroup, buf: torch.Tensor, start: int, end: int) -> list:
-        """Sum ``buf`` (flat range ``[start, end)``) across ranks: each slice to its owner, or to all.
-
-        With reduce_scatter, each owner's slice goes out as one ``reduce`` to that owner: on gloo this
-        measured faster than ``reduce_scatter_tensor`` (which also needs equal, padded chunks) at every
-        bucket size, and faster than an all-reduce from 4 MiB up (docs/benchmarks/ds-zero.md).
-        """
+        """Sum ``buf`` (flat range ``[start, end)``) across ranks: each slice to its owner, or to all."""
         self.rule.before(buf)
         pg = self.process_group
         if not self.opts.reduce_scatter:
             return [dist.all_reduce(buf, group=pg, async_op=True)]
-        return [
-            dist.reduce(buf[lo - start : hi - start], dst=global_rank(pg, r), group=pg, async_op=True)
-            for r, lo, hi in g.layout.owners(start, end)
-        ]
+        return reduce_to_owners(buf, g.layout, start, end, pg)
 
     def _absorb(self, b: _Bucket) -> None:
         """Wait for a bucket's reduction and add this rank's slice into its partition gradient."""

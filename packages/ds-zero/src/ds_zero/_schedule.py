@@ -1,4 +1,4 @@
-"""One launch scheduler for bucketed gradient reductions: stage 0, ZeRO 1/2 (and ZeRO 3's reduce-scatter).
+"""One launch scheduler for bucketed gradient reductions: stage 0, ZeRO 1/2 and ZeRO 3.
 
 Gradient hooks (``register_post_accumulate_grad_hook``) count the parameters of each bucket whose gradient
 is final and launch the bucket's reduction as soon as all of them are, while backward is still running
@@ -10,6 +10,9 @@ Hooks act only while the owner is *armed*, i.e. inside its own backward. A gradi
 parameter at any other time (another engine's backward, a loss built from two engines' models) stays in
 ``.grad``, where ``module.zero_grad()`` can clear it as in plain PyTorch, and is read when the bucket is
 launched, so the result is the one stage 0 would compute from the same ``.grad``.
+
+ZeRO 3 learns of final gradients from its own gather hooks (the parameter is released right after), so
+it builds the schedule with ``hooks=False`` and calls ``ready(param)`` itself.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ class BucketSchedule:
     it into a buffer or frees it there). ``arm(launch_early)`` before the owner's backward: with
     ``launch_early`` the hooks launch ready buckets; without it they only call ``on_grad``.
     ``disarm()`` after it. ``launch_rest()`` launches every bucket not launched yet; ``reset()`` starts
-    the next round of launches.
+    the next round of launches. With ``hooks=False`` the caller reports each final gradient with
+    ``ready(param)`` instead of the schedule hooking the parameters.
     """
 
     def __init__(
@@ -50,7 +54,7 @@ class BucketSchedule:
         self._launch_early = False
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         if hooks:
-            self._handles = [p.register_post_accumulate_grad_hook(self._hook) for b in buckets for p in b]
+            self._handles = [p.register_post_accumulate_grad_hook(self.ready) for b in buckets for p in b]
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -82,7 +86,11 @@ class BucketSchedule:
             h.remove()
         self._handles = []
 
-    def _hook(self, param: nn.Parameter) -> None:
+    def ready(self, param: nn.Parameter) -> None:
+        """``param``'s gradient is final for this backward: launch every bucket that is complete, in order.
+
+        What the gradient hook does; callers with ``hooks=False`` call it themselves. Ignored unless armed.
+        """
         if not self.armed:
             return
         if self._on_grad is not None:

@@ -1,4 +1,9 @@
-"""The parts of a ZeRO step that span ranks: global norm and overflow agreement, clipping, weight gather."""
+"""The parts of a ZeRO step: loss scale and overflow skipping, global norm, clipping, weight gather.
+
+``LossScaledStep`` is the bookkeeping ZeRO 1/2 (``_zero``) and ZeRO 3 (``stage3/_optimizer``) share
+around their own norm and update: scale the loss, skip the step on overflow, unscale and clip in one
+divisor, tell the scaler.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,59 @@ import torch.distributed as dist
 
 from ._comm import ProcessGroup, global_rank
 from ._partition import FlatGroup
+from ._protocol import LossScalerProtocol
 
-__all__ = ["gather_partitions", "global_norm_sq", "unscale_factor"]
+__all__ = ["LossScaledStep", "gather_partitions", "global_norm_sq", "unscale_factor"]
+
+
+class LossScaledStep:
+    """Base of the ZeRO optimizers: what a step does around the norm and the update, the same at every stage.
+
+    Subclasses set ``scaler``, ``clip_grad``, ``skipped_steps`` and ``global_grad_norm`` and define
+    ``zero_grad``. A step is ``divisor = self._begin_step(norm_sq)``; None means skipped for overflow
+    (already counted and cleared); else divide the gradients by ``divisor``, update, ``_end_step()``.
+    """
+
+    scaler: LossScalerProtocol | None
+    clip_grad: float
+    skipped_steps: int
+    global_grad_norm: float | None
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (1.0 without a scaler)."""
+        return float(self.scaler.loss_scale) if self.scaler is not None else 1.0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        raise NotImplementedError
+
+    def _scaled_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss * loss_scale`` in fp32 (the loss itself without a scaler)."""
+        return loss.float() * self.loss_scale if self.scaler is not None else loss
+
+    def _begin_step(self, norm_sq: float) -> float | None:
+        """The divisor that unscales and clips, from the squared norm of the scaled gradients.
+
+        On overflow (``norm_sq`` not finite) the step is skipped: the scaler lowers its scale, the skip
+        is counted, the gradients are cleared, and None is returned.
+        """
+        if not math.isfinite(norm_sq):
+            if self.scaler is not None:
+                self.scaler.update_scale(True)
+            self.skipped_steps += 1
+            self.global_grad_norm = None
+            self.zero_grad()
+            return None
+        scale = self.loss_scale
+        scaled_norm = math.sqrt(norm_sq)
+        self.global_grad_norm = scaled_norm / scale
+        return unscale_factor(scaled_norm, scale, self.clip_grad)
+
+    def _end_step(self) -> None:
+        """After an applied update: the scaler counts an overflow-free step; gradients are cleared."""
+        if self.scaler is not None:
+            self.scaler.update_scale(False)
+        self.zero_grad()
 
 
 def global_norm_sq(

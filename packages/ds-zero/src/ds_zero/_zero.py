@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import math
 import warnings
 
 import torch
@@ -19,12 +18,12 @@ from ._partition import FlatGroup, build_group
 from ._partition_reduce import PartitionReducer
 from ._protocol import LossScalerProtocol
 from ._state import load_sharded_state, sharded_state
-from ._step import gather_partitions, global_norm_sq, unscale_factor
+from ._step import LossScaledStep, gather_partitions, global_norm_sq
 
 __all__ = ["ZeroOptimizer", "names_of"]
 
 
-class ZeroOptimizer:
+class ZeroOptimizer(LossScaledStep):
     """Wrap a torch optimizer with ZeRO stage 1 (optimizer state partitioned) or 2 (and gradients).
 
     Each param group's trainable parameters are flattened into one buffer of the model dtype (padded so
@@ -128,11 +127,6 @@ class ZeroOptimizer:
         )
 
     # ------------------------------------------------------------------ micro-steps
-    @property
-    def loss_scale(self) -> float:
-        """The current loss scale (1.0 without a scaler)."""
-        return float(self.scaler.loss_scale) if self.scaler is not None else 1.0
-
     def set_boundary(self, is_boundary: bool) -> None:
         """Say whether the coming backward ends an accumulation window (stage 1 + overlap_comm uses it)."""
         self._boundary = is_boundary
@@ -142,7 +136,7 @@ class ZeroOptimizer:
 
         The gradient hooks act only during this call; at stage 2 it returns with the micro-step reduced.
         """
-        scaled = loss.float() * self.loss_scale if self.scaler is not None else loss
+        scaled = self._scaled_loss(loss)
         self._reducer.begin_backward(self._boundary)
         try:
             scaled.backward(retain_graph=retain_graph)
@@ -194,18 +188,9 @@ class ZeroOptimizer:
             self._reducer.flush()
         if self._steps_taken == 0 and not self.options.ignore_unused_parameters:
             self._check_unused()
-        norm_sq = global_norm_sq(self.groups, self.process_group, self.mp_group)
-        if not math.isfinite(norm_sq):
-            if self.scaler is not None:
-                self.scaler.update_scale(True)
-            self.skipped_steps += 1
-            self.global_grad_norm = None
-            self.zero_grad()
+        divisor = self._begin_step(global_norm_sq(self.groups, self.process_group, self.mp_group))
+        if divisor is None:
             return False
-        scale = self.loss_scale
-        scaled_norm = math.sqrt(norm_sq)
-        divisor = unscale_factor(scaled_norm, scale, self.clip_grad)
-        self.global_grad_norm = scaled_norm / scale
         for g in self.groups:
             grad = g.grad_part_for_update().to(g.master.device, torch.float32)  # no copy when fp32 in place
             g.master.grad = grad.mul_(1.0 / divisor) if divisor != 1.0 else grad
@@ -221,10 +206,8 @@ class ZeroOptimizer:
             gather_partitions(
                 g, self.process_group, self.options.allgather_bucket_size, self.options.allgather_partitions
             )
-        if self.scaler is not None:
-            self.scaler.update_scale(False)
         self._steps_taken += 1
-        self.zero_grad()
+        self._end_step()
         return True
 
     def _check_late_gradients(self) -> None:

@@ -1,10 +1,12 @@
 """Stage 3 gradient reduction: each full gradient is summed into its owners' partition gradients.
 
-This is the one place that schedules stage-3 reductions, so it can later be pointed at the bucket
-scheduler shared with stages 0-2. Buckets are planned once, in reverse flat order (the order backward
-tends to produce gradients), and launch in that fixed order on every rank when all their gradients
-arrived; what is left launches at ``flush()``. A gradient that arrives for a bucket already sent (a
-parameter used in two checkpointed segments) is reduced at ``flush()`` on its own, in flat order.
+*When* a bucket is sent is :class:`~ds_zero._schedule.BucketSchedule`'s, the scheduler of stages 0-2:
+buckets are planned once, in reverse flat order (the order backward tends to produce gradients), and
+launch in that fixed order on every rank once all their gradients arrived; what is left launches at
+``flush()``. What is stage-3 specific lives here: staging a full gradient into its bucket's buffer (the
+parameter is released right after), one ``dist.reduce`` per owner of a slice of the bucket, adding the
+owned slice into the partition gradient, and gradients that arrive for a bucket already sent (a
+parameter used in two checkpointed segments), reduced at ``flush()`` on their own, in flat order.
 """
 
 from __future__ import annotations
@@ -12,29 +14,31 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
+from torch import nn
 
-from .._comm import AveragingRule, global_rank, plan_buckets
+from .._comm import AveragingRule, plan_buckets, reduce_to_owners
+from .._schedule import BucketSchedule
 from ._partition import ParamSlot, PartitionedParams
 
-__all__ = ["GradScheduler"]
+__all__ = ["Stage3Reducer"]
 
 
 @dataclass(eq=False)
 class _Bucket:
-    order: int
     group: int
     start: int  # flat range [start, end) of its consecutive parameters
     end: int
-    count: int  # parameters in the bucket
-    pending: int = 0
     buf: torch.Tensor | None = None
     works: list = field(default_factory=list)
-    launched: bool = False
 
 
-class GradScheduler:
-    """Turns full gradients into this rank's summed (averaged) partition gradients ``grad_parts``."""
+class Stage3Reducer:
+    """Turns full gradients into this rank's summed (averaged) partition gradients ``grad_parts``.
+
+    The gather hooks call ``grad_ready(param)`` while ``param.grad`` holds its full gradient; ``flush()``
+    ends a backward. With ``overlap_comm`` up to two buckets are in flight while backward goes on;
+    without it each bucket's reduction completes before backward continues.
+    """
 
     def __init__(
         self,
@@ -48,10 +52,11 @@ class GradScheduler:
         self.params = params
         self.grad_parts = grad_parts
         self.rule = rule
-        self.max_inflight = 2 if overlap_comm else 1
+        self.max_inflight = 2 if overlap_comm else 0  # buckets left in flight after a launch
         self.reduce_calls = 0  # collectives issued (observed by the tests)
+        self.peak_inflight = 0  # most buckets left in flight by a launch (observed by the tests)
         self._buckets: list[_Bucket] = []
-        self._bucket_of: dict[int, _Bucket] = {}
+        members_of: list[list[nn.Parameter]] = []
         by_group: dict[int, list[ParamSlot]] = {}
         for s in params.slots.values():
             if s.param.requires_grad:
@@ -60,69 +65,64 @@ class GradScheduler:
             slots = sorted(by_group[g], key=lambda s: s.start, reverse=True)
             for idx in plan_buckets([s.numel for s in slots], bucket_elems):
                 members = [slots[i] for i in idx]
-                b = _Bucket(
-                    len(self._buckets), g, members[-1].start, members[0].end, len(members), len(members)
-                )
-                self._buckets.append(b)
-                for s in members:
-                    self._bucket_of[id(s)] = b
-        self._next = 0
+                self._buckets.append(_Bucket(g, members[-1].start, members[0].end))
+                members_of.append([s.param for s in members])
+        self._bucket_of = {id(p): k for k, members in enumerate(members_of) for p in members}
+        self.schedule = BucketSchedule(members_of, self._launch, self._stage, hooks=False)
+        # Armed for good: a stage-3 gradient cannot wait in .grad for a later backward (the parameter is
+        # released when it arrives), so every gradient is reduced, whichever backward produced it.
+        self.schedule.arm(launch_early=True)
         self._inflight: list[_Bucket] = []
         self._late: dict[int, tuple[ParamSlot, torch.Tensor]] = {}
 
-    def add(self, slot: ParamSlot, grad: torch.Tensor) -> None:
-        """A parameter's full gradient is final for this backward: stage it in its bucket."""
-        b = self._bucket_of[id(slot)]
-        if b.launched:
-            prev = self._late.get(id(slot))
-            late = grad.detach().reshape(-1).clone() if prev is None else prev[1].add_(grad.reshape(-1))
-            self._late[id(slot)] = (slot, late)
-            return
-        if b.buf is None:
-            b.buf = torch.zeros(b.end - b.start, dtype=grad.dtype, device=grad.device)
-        b.buf[slot.start - b.start : slot.end - b.start].add_(grad.reshape(-1))
-        b.pending -= 1
-        while self._next < len(self._buckets) and self._buckets[self._next].pending <= 0:
-            self._launch(self._buckets[self._next])
+    def grad_ready(self, param: nn.Parameter) -> None:
+        """``param.grad`` is ``param``'s full gradient for this backward (the caller frees it afterwards)."""
+        self.schedule.ready(param)
 
     def flush(self) -> None:
         """End of a backward: send every bucket not yet sent (zeros for missing gradients) and wait."""
-        while self._next < len(self._buckets):
-            self._launch(self._buckets[self._next])
+        self.schedule.launch_rest()
         for slot, grad in sorted(self._late.values(), key=lambda item: (item[0].group, item[0].start)):
-            late = _Bucket(-1, slot.group, slot.start, slot.end, 1, 0, grad)
-            self._send(late)
+            self._send(_Bucket(slot.group, slot.start, slot.end, grad))
         while self._inflight:
             self._absorb(self._inflight[0])
         self._late.clear()
-        self._next = 0
-        for b in self._buckets:
-            b.pending, b.launched = b.count, False
+        self.schedule.reset()
 
-    def _launch(self, b: _Bucket) -> None:
+    def _stage(self, param: nn.Parameter) -> None:
+        """Add the gradient into its bucket's buffer, or keep it aside when that bucket was already sent."""
+        if param.grad is None:
+            return
+        grad = param.grad.reshape(-1)
+        slot = self.params.slot(param)
+        k = self._bucket_of[id(param)]
+        if k < self.schedule.next:  # late: its bucket is on the wire
+            prev = self._late.get(id(slot))
+            self._late[id(slot)] = (slot, grad.detach().clone() if prev is None else prev[1].add_(grad))
+            return
+        b = self._buckets[k]
+        if b.buf is None:
+            b.buf = torch.zeros(b.end - b.start, dtype=grad.dtype, device=grad.device)
+        b.buf[slot.start - b.start : slot.end - b.start].add_(grad)
+
+    def _launch(self, k: int) -> None:
+        b = self._buckets[k]
         if b.buf is None:  # no parameter of the bucket got a gradient: the owners still expect a sum
             dtype = self.params.parts[b.group].dtype
             b.buf = torch.zeros(b.end - b.start, dtype=dtype, device=self.grad_parts[b.group].device)
-        b.launched = True
-        self._next = b.order + 1
         self._send(b)
 
     def _send(self, b: _Bucket) -> None:
-        """Reduce each owner's slice of the bucket to that owner (faster than reduce_scatter on gloo)."""
+        """Reduce each owner's slice of the bucket to that owner; at most ``max_inflight`` stay in flight."""
         self.rule.before(b.buf)
-        pg = self.params.process_group
         if self.params.dp > 1:
             layout = self.params.layouts[b.group]
-            b.works = [
-                dist.reduce(
-                    b.buf[lo - b.start : hi - b.start], dst=global_rank(pg, r), group=pg, async_op=True
-                )
-                for r, lo, hi in layout.owners(b.start, b.end)
-            ]
+            b.works = reduce_to_owners(b.buf, layout, b.start, b.end, self.params.process_group)
             self.reduce_calls += len(b.works)
         self._inflight.append(b)
-        while len(self._inflight) >= self.max_inflight + 1 or (self.max_inflight == 1 and self._inflight):
+        while len(self._inflight) > self.max_inflight:
             self._absorb(self._inflight[0])
+        self.peak_inflight = max(self.peak_inflight, len(self._inflight))
 
     def _absorb(self, b: _Bucket) -> None:
         """Wait for a bucket and add the owned slice into this rank's partition gradient."""

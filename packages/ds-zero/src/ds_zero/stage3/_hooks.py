@@ -41,8 +41,8 @@ def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> N
 class GatherHooks:
     """Installs the hooks on every submodule that owns managed parameters; ``remove()`` takes them off.
 
-    ``on_grad(slot, grad)`` receives each parameter's full gradient as autograd accumulates it; the
-    parameter's ``.grad`` is cleared afterwards (the gradient scheduler keeps what it needs). Fetches and
+    ``on_grad(param)`` is called as autograd accumulates each parameter's full gradient into ``.grad``;
+    the parameter's ``.grad`` is cleared afterwards (the gradient reducer keeps what it needs). Fetches and
     releases go through ``schedule`` (prefetch, reuse, live bound).
     """
 
@@ -50,7 +50,7 @@ class GatherHooks:
         self,
         module: nn.Module,
         params: PartitionedParams,
-        on_grad: Callable[[ParamSlot, torch.Tensor], None],
+        on_grad: Callable[[nn.Parameter], None],
         schedule: FetchSchedule,
     ) -> None:
         self.params = params
@@ -89,7 +89,7 @@ class GatherHooks:
     def _grad_ready(self, param: nn.Parameter) -> None:
         slot = self.params.slot(param)
         if param.grad is not None:
-            self.on_grad(slot, param.grad)
+            self.on_grad(param)
         param.grad = None
         slot.bwd_hold = False
         self.schedule.release([slot])

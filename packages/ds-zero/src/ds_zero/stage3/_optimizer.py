@@ -6,13 +6,15 @@ import math
 
 import torch
 import torch.distributed as dist
-from ds_config import ZeroConfig
+from ds_config import DSConfig
 from torch import nn
 
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
+from .._options import check_step_options
 from .._protocol import LossScalerProtocol
-from ._grads import GradScheduler
+from .._step import LossScaledStep
+from ._grads import Stage3Reducer
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
@@ -22,13 +24,10 @@ from ._subgroups import SubGroups
 
 __all__ = ["ZeroStage3Optimizer"]
 
-# Optimizers whose update is element-wise, so stepping a flat slice equals stepping whole tensors.
 _NORM_CHUNK = 1 << 20  # elements per float64 chunk of the norm
 
-_ELEMENTWISE = frozenset({"Adam", "AdamW", "SGD", "Adagrad", "CPUAdam", "DeepSpeedCPUAdam", "FusedAdam"})
 
-
-class ZeroStage3Optimizer:
+class ZeroStage3Optimizer(LossScaledStep):
     """Wrap a torch optimizer and its model with ZeRO stage 3.
 
     Each param group's trainable parameters share one flat space laid out as in stages 1 and 2; a rank
@@ -36,9 +35,11 @@ class ZeroStage3Optimizer:
     master and the inner optimizer's state (the inner optimizer is re-pointed at the fp32 partition, cut
     into ``sub_group_size`` views stepped one at a time, see ``_subgroups``; in fp32 training the master
     *is* the weight partition). Parameters are whole while a module's forward or backward runs, and when
-    the fetch schedule prefetches or keeps them (see ``_hooks``, ``_schedule``); gradients are reduced to their owners as backward produces
-    them (see ``_grads``). The contract per step is the one of ``ZeroOptimizer``: ``backward(loss)``
-    every micro-step, ``step()`` at the boundary (False when skipped for overflow).
+    the fetch schedule prefetches or keeps them (see ``_hooks``, ``_schedule``); gradients are reduced
+    to their owners as backward produces them (see ``_grads``), launched by the ``BucketSchedule`` of
+    stages 0-2. The contract per step is the one of ``ZeroOptimizer``: ``backward(loss)`` every
+    micro-step (or ``loss.backward()`` then ``micro_step_done()``), ``step()`` at the boundary (False
+    when skipped for overflow).
     """
 
     def __init__(
@@ -49,22 +50,24 @@ class ZeroStage3Optimizer:
         *,
         process_group: ProcessGroup | None = None,
         scaler: LossScalerProtocol | None = None,
-        clip_grad: float = 0.0,
-        rule: AveragingRule | None = None,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
-        grad_accum_dtype: torch.dtype | None = None,
-        allow_untested_optimizer: bool = False,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ZeRO stage 3 needs torch.distributed: call init_process_group first")
-        _check(optimizer, allow_untested_optimizer, clip_grad)
         self.options = options = options or Stage3Options()
+        check_step_options(
+            optimizer,
+            allow_untested_optimizer=options.allow_untested_optimizer,
+            clip_grad=options.clip_grad,
+            gradient_predivide_factor=options.gradient_predivide_factor,
+            grad_accum_dtype=options.grad_accum_dtype,
+        )
         self.module = module
         self.optimizer = optimizer
         self.process_group = process_group
         self.scaler = scaler
-        self.clip_grad = float(clip_grad)
+        self.clip_grad = float(options.clip_grad)
         self.dp, self.rank = group_size(process_group), group_rank(process_group)
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
@@ -87,17 +90,17 @@ class ZeroStage3Optimizer:
                 part if alias else part.detach().to(master_device or part.device, torch.float32, copy=True)
             )
             self.masters.append(master)
-            self.grad_parts.append(torch.zeros_like(part, dtype=grad_accum_dtype or part.dtype))
+            self.grad_parts.append(torch.zeros_like(part, dtype=options.grad_accum_dtype or part.dtype))
         self.sub_groups = SubGroups(self.masters, options.sub_group_size)
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
             g["params"] = views
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
         self.params.on_write = self._copy_into_master
-        self.grads = GradScheduler(
+        self.grads = Stage3Reducer(
             self.params,
             self.grad_parts,
             bucket_elems=options.reduce_bucket_size,
-            rule=rule or AveragingRule(self.dp),
+            rule=AveragingRule(self.dp, options.prescale_gradients, options.gradient_predivide_factor),
             overlap_comm=options.overlap_comm,
         )
         self.schedule = FetchSchedule(
@@ -106,27 +109,38 @@ class ZeroStage3Optimizer:
             max_live=options.max_live_parameters,
             max_reuse_distance=options.max_reuse_distance,
         )
-        self.hooks = GatherHooks(module, self.params, self.grads.add, self.schedule)
+        self.hooks = GatherHooks(module, self.params, self.grads.grad_ready, self.schedule)
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
 
     @classmethod
     def from_config(
-        cls, module: nn.Module, optimizer: torch.optim.Optimizer, zero: ZeroConfig, **kwargs: object
+        cls,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: DSConfig,
+        *,
+        process_group: ProcessGroup | None = None,
+        scaler: LossScalerProtocol | None = None,
+        param_names: dict[int, str] | None = None,
+        model_parallel_group: ProcessGroup | None = None,
     ) -> ZeroStage3Optimizer:
-        """Build from the ``zero_optimization`` section; the top-level keys come in ``kwargs``."""
-        return cls(module, optimizer, Stage3Options.from_config(zero), **kwargs)
+        """Build from a loaded config: the keys stage 3 reads are ``CONFIG_FIELDS_STAGE3``."""
+        return cls(
+            module,
+            optimizer,
+            Stage3Options.from_config(config),
+            process_group=process_group,
+            scaler=scaler,
+            param_names=param_names,
+            model_parallel_group=model_parallel_group,
+        )
 
     # ------------------------------------------------------------------ micro-steps
-    @property
-    def loss_scale(self) -> float:
-        """The current loss scale (1.0 without a scaler)."""
-        return float(self.scaler.loss_scale) if self.scaler is not None else 1.0
-
     def backward(self, loss: torch.Tensor, *, retain_graph: bool = False) -> None:
         """Backward of ``loss * loss_scale`` for one micro-step (the loss is already divided by GAS)."""
-        scaled = loss.float() * self.loss_scale if self.scaler is not None else loss
+        scaled = self._scaled_loss(loss)
         scaled.backward(retain_graph=retain_graph)
         self.micro_step_done()
 
@@ -143,28 +157,21 @@ class ZeroStage3Optimizer:
     # ------------------------------------------------------------------ step
     def step(self) -> bool:
         """Optimizer step on this rank's partitions; returns False when skipped for overflow."""
-        norm_sq = self._global_norm_sq()
-        if not math.isfinite(norm_sq):
-            if self.scaler is not None:
-                self.scaler.update_scale(True)
-            self.skipped_steps += 1
-            self.global_grad_norm = None
-            self.zero_grad()
+        divisor = self._begin_step(self._global_norm_sq())
+        if divisor is None:
             return False
-        scale = self.loss_scale
-        norm = math.sqrt(norm_sq) / scale
-        combined = scale * max(1.0, (norm + 1e-6) / self.clip_grad) if self.clip_grad > 0 else scale
-        self.global_grad_norm = norm
-        self.sub_groups.step(self.optimizer, self.grad_parts, 1.0 / combined)
+        self.sub_groups.step(self.optimizer, self.grad_parts, 1.0 / divisor)
+        self._masters_to_parts()
+        self._end_step()
+        return True
+
+    def _masters_to_parts(self) -> None:
+        """Write the fp32 masters into the weight partitions (unless they are the same storage)."""
         with torch.no_grad():
             for part, master in zip(self.params.parts, self.masters):
                 if part.data_ptr() != master.data_ptr():
                     part.copy_(master)
         self.params.refresh_whole()
-        if self.scaler is not None:
-            self.scaler.update_scale(False)
-        self.zero_grad()
-        return True
 
     def _global_norm_sq(self) -> float:
         """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan): one all-reduce."""
@@ -222,11 +229,7 @@ class ZeroStage3Optimizer:
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's slice (already cut for this partitioning by the caller); every rank calls it."""
         load_sharded(self.params, self.masters, self.optimizer, self.sub_groups, tensors, meta)
-        with torch.no_grad():
-            for part, master in zip(self.params.parts, self.masters):
-                if part.data_ptr() != master.data_ptr():
-                    part.copy_(master)
-        self.params.refresh_whole()
+        self._masters_to_parts()
         loss_scaler = meta.get("extra", {}).get("loss_scaler")
         if self.scaler is not None and loss_scaler is not None:
             self.scaler.load_state_dict(loss_scaler)
@@ -287,19 +290,3 @@ class ZeroStage3Optimizer:
     def remove_hooks(self) -> None:
         """Take the gather and gradient hooks off the module."""
         self.hooks.remove()
-
-
-def _check(optimizer: torch.optim.Optimizer, allow_untested: bool, clip_grad: float) -> None:
-    name = type(optimizer).__name__
-    if (
-        name not in _ELEMENTWISE
-        and not getattr(optimizer, "ds_zero_elementwise", False)
-        and not allow_untested
-    ):
-        raise ZeroConfigError(
-            f"optimizer {name} is not tested with ZeRO (tested: {', '.join(sorted(_ELEMENTWISE))}); ZeRO "
-            'steps flat slices, which is only correct for element-wise updates. Set "zero_allow_untested_optimizer": '
-            "true to use it anyway"
-        )
-    if clip_grad < 0:
-        raise ZeroConfigError(f"gradient_clipping must be >= 0 (0 disables it), got {clip_grad}")

@@ -1,12 +1,14 @@
-"""The stage-3 options, read from ds-config's ``ZeroConfig`` (the keys listed in ``CONFIG_FIELDS_STAGE3``)."""
+"""The stage-3 options, read from a loaded ``DSConfig`` (the keys listed in ``CONFIG_FIELDS_STAGE3``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ds_config import ZeroConfig
+import torch
+from ds_config import DSConfig
 
 from .._errors import ZeroConfigError
+from .._options import grad_accum_dtype
 
 __all__ = ["CONFIG_FIELDS_STAGE3", "Stage3Options"]
 
@@ -25,12 +27,23 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_optimization.offload_optimizer.device",
     "zero_optimization.offload_param.device",
     "zero_optimization.cpu_offload",
+    "gradient_clipping",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "zero_allow_untested_optimizer",
+    "bf16.enabled",
+    "bf16.grad_accum_dtype",
 )
 
 
 @dataclass(frozen=True)
 class Stage3Options:
-    """What stage 3 does with the ``zero_optimization`` section; the defaults are DeepSpeed 0.19's."""
+    """What stage 3 does with the config; the defaults are DeepSpeed 0.19's.
+
+    As in :class:`~ds_zero.ZeroOptions`, the top-level keys have short names: ``clip_grad`` is
+    ``gradient_clipping``, ``allow_untested_optimizer`` is ``zero_allow_untested_optimizer`` and
+    ``grad_accum_dtype`` is ``bf16.grad_accum_dtype`` (``torch.float32`` or None for the model dtype).
+    """
 
     reduce_bucket_size: int = 500_000_000
     overlap_comm: bool = False
@@ -42,10 +55,16 @@ class Stage3Options:
     gather_16bit_weights_on_model_save: bool = False
     offload_optimizer: bool = False  # fp32 masters and optimizer state in CPU memory
     offload_param: bool = False  # parameter partitions in CPU memory
+    clip_grad: float = 0.0
+    prescale_gradients: bool = False
+    gradient_predivide_factor: float = 1.0
+    allow_untested_optimizer: bool = False
+    grad_accum_dtype: torch.dtype | None = None
 
     @classmethod
-    def from_config(cls, zero: ZeroConfig) -> Stage3Options:
-        """Read the stage-3 keys; ``nvme`` devices are an error (ds has no NVMe offload)."""
+    def from_config(cls, config: DSConfig) -> Stage3Options:
+        """Every key stage 3 reads; ``nvme`` devices are an error (ds has no NVMe offload)."""
+        zero = config.zero_optimization
         optimizer_device = zero.offload_device
         param_device = zero.offload_param.device if zero.offload_param is not None else "none"
         for key, device in (("offload_optimizer", optimizer_device), ("offload_param", param_device)):
@@ -64,4 +83,9 @@ class Stage3Options:
             gather_16bit_weights_on_model_save=bool(zero.stage3_gather_16bit_weights_on_model_save),
             offload_optimizer=optimizer_device == "cpu",
             offload_param=param_device == "cpu",
+            clip_grad=float(config.gradient_clipping),
+            prescale_gradients=bool(config.prescale_gradients),
+            gradient_predivide_factor=float(config.gradient_predivide_factor),
+            allow_untested_optimizer=bool(config.zero_allow_untested_optimizer),
+            grad_accum_dtype=grad_accum_dtype(config),
         )
