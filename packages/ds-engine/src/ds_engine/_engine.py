@@ -287,6 +287,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         """The full weights; stage 3 gathers them from the partitions (collective)."""
         gathered = getattr(self.optimizer, "module_state_dict", None)
         return gathered() if gathered is not None else self.module.state_dict()
+
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict:
         return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
 
