@@ -108,12 +108,16 @@ def make_model(d: ModelDims) -> GPT:
 
 def build_model(spec: dict, d: ModelDims) -> GPT:
     """The model as each implementation's users build it: inside ``ds_engine.zero.Init`` for ds at stage
-    3 (each module is partitioned as it is constructed, so the whole model never exists on a rank),
-    whole on every rank otherwise (DDP and ZeRO 1/2 keep whole weights; FSDP2 shards them after)."""
+    3 (each module is partitioned as it is constructed, so the whole model never exists on a rank), on
+    the meta device for FSDP2 (its documented way: shard, then allocate only the shards, see ``_fsdp2``),
+    whole on every rank otherwise (DDP and ZeRO 1/2 keep whole weights anyway)."""
     if spec["impl"] == "ds" and spec["stage"] == 3:
         import ds_engine
 
         with ds_engine.zero.Init(config_dict_or_path=engine_config(spec, d)):
+            return make_model(d)
+    if spec["impl"] == "fsdp2":
+        with torch.device("meta"):
             return make_model(d)
     return make_model(d)
 
@@ -199,6 +203,12 @@ def _fsdp2(model: GPT, spec: dict, d: ModelDims) -> StepFns:
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    if any(p.is_meta for p in model.parameters()):  # built on meta (build_model): allocate the shards only
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
     return _torch_step(model, model)
 
 
