@@ -74,6 +74,7 @@ def test_failures_are_classified_alike(tmp_path: Path, code: str, reason: str, o
 def test_the_climb_stops_at_the_first_failure_and_bisects_once(tmp_path: Path) -> None:
     """DDP at 2 ranks: 1 layer fits in 1.6 GiB of total RSS, 24 layers (76M parameters, 16 bytes each per
     rank) do not; --bisect then tries 12 layers once. Real ranks, real training steps."""
+    pytest.importorskip("torch", reason="the ranks train: this runs in the integration session")
     out = tmp_path / "fit.json"
     cmd = [PY, str(ROOT / "tools" / "bench_largest_fit.py"), "--impls", "ddp", "--world", "2", "--width", "512",
            "--heads", "8", "--vocab", "1000", "--seq", "16", "--layers", "1,24,48", "--budget-gib", "1.6",
