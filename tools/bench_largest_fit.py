@@ -109,7 +109,13 @@ def _read_rank_lines(logs: Path, world: int) -> tuple[str, list[list[float]]]:
         lines = (logs / f"rank{rank}.out").read_text().splitlines()
         phases.append(next((ln[6:] for ln in reversed(lines) if ln.startswith("PHASE ")), "starting"))
         steps += [json.loads(ln[11:])["step_s"] for ln in lines if ln.startswith("FIT_RESULT ")]
-    return min(phases, key=phases.index), steps  # the rank that got least far says where it failed
+    return min(phases, key=_phase_order), steps  # the rank that got least far says where it failed
+
+
+def _phase_order(phase: str) -> int:
+    """starting < built < wrapped < step 1 < step 2 ..."""
+    fixed = {"starting": 0, "built": 1, "wrapped": 2}
+    return fixed[phase] if phase in fixed else 2 + int(phase.split()[1])
 
 
 def run_rung(name: str, layers: int, args: argparse.Namespace, budget_bytes: int) -> dict:
