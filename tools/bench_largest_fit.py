@@ -19,17 +19,28 @@ largest rung that completed is its result. Any other error also stops the climb 
 Recorded per rung (printed, and in ``--json``): parameters, ok / fail / error and why, the phase the
 ranks had reached (built, wrapped, step k), peak total RSS as sampled, per-step time (slowest rank).
 
-Checking the tool (seconds):
+Checking the tool (a few minutes on the shared machine: start-up dominates):
 
     .venv/bin/python tools/bench_largest_fit.py --world 4 --width 256 --heads 4 --layers 2,4
 
 For the lead, with the machine to itself (after 17:20): width 1600 (GPT-2 XL's), 25 heads, vocab 16000,
-seq 128, micro batch 1; 30.7M parameters per layer, 4..52 layers = 0.15B..1.62B:
+seq 128, micro batch 1; 30.7M parameters per layer plus 25.8M of embeddings, so the default ladder of
+4, 8, ..., 52 layers is 0.149B, 0.272B, ..., 1.009B (32 layers), ..., 1.624B:
 
     .venv/bin/python tools/bench_largest_fit.py --world 4 --bisect --json largest_fit.json
 
-Duration, extrapolated from a measured rung (see the docstring's measurement below; step time grows
-about linearly with the layers, model construction and Adam's first step too). MEASURED: filled in below.
+Duration, extrapolated from measured rungs at 6 layers = 0.210B, 4 ranks, on the shared machine (load
+average ~10, 16:37-16:45 UTC): FSDP2 steps of 60, 45, 33 s, 217 s for the whole rung (start-up,
+construction, wrapping, 3 steps), peak total RSS 7.65 GiB; ds stage 3 steps of 40, 44, 14 s, 164 s,
+peak total RSS 12.92 GiB. A rung's time grows about linearly with its parameters (the layers dominate
+the compute, the construction and Adam): ~1000 s per billion parameters under that load. The default
+ladder sums to 11.5B parameters, ~3.3 h for an implementation that climbed all of it; none will: each
+stops at its first failure, and at the memory measured above (RSS per parameter roughly constant, not
+verified beyond 0.21B) DDP and ds stage 2 stop within the first 2-4 rungs and FSDP2 and ds stage 3 below
+~0.9B. Expect 1.5-3 h in all with the machine loaded as it was, perhaps half that with the machine to
+itself (not measured). To save time, run the rungs that matter per implementation (each is still judged
+the same way), e.g. ``--impls ddp,ds2 --layers 4,8,12,16,20,24`` then ``--impls ds3,fsdp2 --layers
+8,12,16,20,24,28,32``.
 """
 
 from __future__ import annotations
