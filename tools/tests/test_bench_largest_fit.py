@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools")]
+sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "testing")]
 from _rank_watchdog import GIB, run_watched  # noqa: E402
 
 PY = sys.executable
@@ -91,3 +91,32 @@ def test_the_climb_stops_at_the_first_failure_and_bisects_once(tmp_path: Path) -
     assert per_layer == 12 * 512**2 + 13 * 512 and rungs[12]["params"] - rungs[1]["params"] == 11 * per_layer
     assert report["largest"]["ddp"]["layers"] == max(n for n, r in rungs.items() if r["status"] == "ok")
     assert "| ddp |" in proc.stdout
+
+
+def _built_bytes(rank: int, world: int, impl: str, stage: int) -> dict:
+    """Live tensor bytes that building the ``small`` GPT adds on this rank, as the fit search builds it."""
+    from _bench_cases import MODELS, build_model
+    from _bench_memory import live_tensor_bytes
+
+    before = live_tensor_bytes()
+    model = build_model({"impl": impl, "stage": stage, "dtype": "fp32"}, MODELS["small"])
+    return {"added": live_tensor_bytes() - before, "meta": all(p.is_meta for p in model.parameters())}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("impl, stage, share", [("ds", 3, 0.6), ("fsdp2", 0, 0.0), ("ddp", 0, 1.0)])
+def test_models_are_built_as_each_implementation_builds_them(impl: str, stage: int, share: float) -> None:
+    """ds stage 3 inside zero.Init holds about its 1/2 partition (plus small persistent parameters) on each
+    of 2 ranks; FSDP2 starts on the meta device (no bytes until its shards); DDP holds the whole model."""
+    pytest.importorskip("ds_engine", reason="builds ds models: runs in the integration session")
+    from _bench_cases import MODELS
+    from rank_testing import spawn
+
+    d = MODELS["small"]
+    whole = 4 * (
+        d.vocab * d.width + d.seq * d.width + d.layers * (12 * d.width**2 + 13 * d.width) + 2 * d.width
+    )
+    for r in spawn(_built_bytes, 2, impl, stage, timeout_s=250):
+        assert r["meta"] is (impl == "fsdp2")
+        assert r["added"] <= share * whole + 2**16
+        assert r["added"] >= (0.45 * whole if impl != "fsdp2" else 0)
