@@ -96,7 +96,8 @@ def classify_failure(returncode: int, stderr_tail: str) -> tuple[str, bool]:
     return f"exit code {returncode}: {lines[-1] if lines else '(no output)'}", False
 
 
-def _tail(path: Path, nbytes: int = 4000) -> str:
+def log_tail(path: Path, nbytes: int = 4000) -> str:
+    """The last ``nbytes`` of a rank's log, as text."""
     with path.open("rb") as f:
         f.seek(max(0, path.stat().st_size - nbytes))
         return f.read().decode(errors="replace")
@@ -127,7 +128,7 @@ def run_watched(
                                           f"{budget_bytes / GIB:.2f} GiB: killed by the watchdog"), True  # fmt: skip
             elif failed:
                 rank, code = failed[0]
-                reason, oom = classify_failure(code, _tail(logs / f"rank{rank}.err"))
+                reason, oom = classify_failure(code, log_tail(logs / f"rank{rank}.err"))
                 outcome = RunOutcome(False, f"rank {rank}: {reason}")
             elif all(c == 0 for c in codes):
                 outcome = RunOutcome(True)

@@ -57,7 +57,7 @@ from pathlib import Path
 
 TOOLS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TOOLS), str(TOOLS.parent / "testing")]  # _bench_* modules and rank_testing
-from _rank_watchdog import GIB, run_watched, used_by_others_bytes  # noqa: E402
+from _rank_watchdog import GIB, log_tail, run_watched, used_by_others_bytes  # noqa: E402
 from rank_testing import free_port  # noqa: E402
 
 IMPLS = {  # name -> the case of tools/_bench_cases.py it runs
@@ -140,11 +140,15 @@ def run_rung(name: str, layers: int, args: argparse.Namespace, budget_bytes: int
     with tempfile.TemporaryDirectory(prefix=f"fit-{name}-{layers}-") as tmp:
         outcome, oom = run_watched([cmd] * args.world, env, Path(tmp), budget_bytes, args.rung_timeout_s)
         phase, steps = _read_rank_lines(Path(tmp), args.world)
+        # a rank that failed by itself (not killed by SIGKILL): its traceback, for the lead to read in --json
+        tracebacks = {r: log_tail(Path(tmp) / f"rank{r}.err", 2000)
+                      for r, code in enumerate(outcome.returncodes) if code not in (0, -9)}  # fmt: skip
     status = "ok" if outcome.ok else ("fail" if oom else "error")
     per_step = [max(s) for s in zip(*steps)] if len(steps) == args.world else []
     return {"impl": name, "layers": layers, "params": count_params(dims), "status": status,
             "reason": outcome.reason, "phase": phase, "peak_total_rss_gib": outcome.peak_total_rss_bytes / GIB,
-            "step_s": per_step, "wall_s": outcome.wall_s, "returncodes": outcome.returncodes}  # fmt: skip
+            "step_s": per_step, "wall_s": outcome.wall_s, "returncodes": outcome.returncodes,
+            "tracebacks": tracebacks}  # fmt: skip
 
 
 def rung_line(r: dict) -> str:
