@@ -32,7 +32,8 @@ seq 128, micro batch 1; 30.7M parameters per layer plus 25.8M of embeddings, so 
 Duration, extrapolated from measured rungs at 6 layers = 0.210B, 4 ranks, on the shared machine (load
 average ~10, 16:37-16:45 UTC): FSDP2 steps of 60, 45, 33 s, 217 s for the whole rung (start-up,
 construction, wrapping, 3 steps), peak total RSS 7.65 GiB; ds stage 3 steps of 40, 44, 14 s, 164 s,
-peak total RSS 12.92 GiB. A rung's time grows about linearly with its parameters (the layers dominate
+peak total RSS 12.92 GiB. At width 1024, 16 heads, 8 layers = 0.117B (16:50-16:58 UTC, --budget-gib 10):
+peak total RSS ds stage 3 8.73 GiB, FSDP2 5.03, ds stage 2 7.27, DDP killed at 10.0. A rung's time grows about linearly with its parameters (the layers dominate
 the compute, the construction and Adam): ~1000 s per billion parameters under that load. The default
 ladder sums to 11.5B parameters, ~3.3 h for an implementation that climbed all of it; none will: each
 stops at its first failure, and at the memory measured above (RSS per parameter roughly constant, not
