@@ -105,8 +105,12 @@ def integration(session: nox.Session, world_size: int) -> None:
         "-m",
         "pytest",
         "integration",
-        # the training benchmark's own tests need every package; run them once, at 2 ranks
-        *(["tools/tests/test_bench_training.py"] if world_size == 2 else []),
+        # the training benchmarks' own tests need every package; run them once, at 2 ranks
+        *(
+            ["tools/tests/test_bench_training.py", "tools/tests/test_bench_largest_fit.py"]
+            if world_size == 2
+            else []
+        ),
         "-q",
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,

@@ -45,6 +45,11 @@ MODELS = {
     "gpt13m": ModelDims(vocab=16_000, width=384, layers=4, heads=6, seq=256, micro_batch=4),
     # 4.2M parameters, about a sixth of gpt13m's work per step: bf16 memory checks in reasonable time
     "small": ModelDims(vocab=4_096, width=256, layers=4, heads=4, seq=128, micro_batch=4),
+    # gpt13m's weights with a 16x smaller micro batch (seq 64, 2 sequences instead of 256 and 4): the
+    # forward+backward shrinks about 16x while communication and the optimizer step (which scale with the
+    # parameters, not the tokens) stay the same, so the engine's overhead is a larger share of the step
+    # and differences between engines stand out above the noise of the ceiling
+    "lean": ModelDims(vocab=16_000, width=384, layers=4, heads=6, seq=64, micro_batch=2),
     # for checking the tool itself in seconds
     "tiny": ModelDims(vocab=1_024, width=128, layers=2, heads=4, seq=64, micro_batch=2),
 }
@@ -99,6 +104,22 @@ def make_model(d: ModelDims) -> GPT:
     """The same fp32 weights on every rank and in every implementation."""
     torch.manual_seed(0)
     return GPT(d)
+
+
+def build_model(spec: dict, d: ModelDims) -> GPT:
+    """The model as each implementation's users build it: inside ``ds_engine.zero.Init`` for ds at stage
+    3 (each module is partitioned as it is constructed, so the whole model never exists on a rank), on
+    the meta device for FSDP2 (its documented way: shard, then allocate only the shards, see ``_fsdp2``),
+    whole on every rank otherwise (DDP and ZeRO 1/2 keep whole weights anyway)."""
+    if spec["impl"] == "ds" and spec["stage"] == 3:
+        import ds_engine
+
+        with ds_engine.zero.Init(config_dict_or_path=engine_config(spec, d)):
+            return make_model(d)
+    if spec["impl"] == "fsdp2":
+        with torch.device("meta"):
+            return make_model(d)
+    return make_model(d)
 
 
 def batch(d: ModelDims, rank: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,6 +203,12 @@ def _fsdp2(model: GPT, spec: dict, d: ModelDims) -> StepFns:
     for block in model.blocks:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
+    if any(p.is_meta for p in model.parameters()):  # built on meta (build_model): allocate the shards only
+        model.to_empty(device="cpu")
+        torch.manual_seed(0)
+        for module in model.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
     return _torch_step(model, model)
 
 

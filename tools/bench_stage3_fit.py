@@ -10,8 +10,8 @@ sums the bytes of their distinct storages, and reports them with its peak RSS an
                       + 2 bytes x the persistent (whole) small parameters  (fp32: 4 + 4 + 8, the master is
                       the weight partition)
 
-Also the tool for "the largest model that fits": raise --layers/--width until a run fails (each rank
-prints OK after its steps). Keep the total under the machine's free memory.
+The GPT is tools/_bench_cases.py's, as in every benchmark. For "the largest model that fits" under
+ds stage 3, ds stage 2, DDP and FSDP2 alike, use tools/bench_largest_fit.py (it guards the machine's memory).
 
     .venv/bin/python tools/bench_stage3_fit.py --world 2 --layers 4 --width 512
     .venv/bin/python tools/bench_stage3_fit.py --world 4 --layers 24 --width 1600 --seq 256   # ~1.2B, lead only
@@ -20,70 +20,19 @@ prints OK after its steps). Keep the total under the machine's free memory.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import resource
 import socket
+import sys
+from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from torch import nn
 
-
-class Block(nn.Module):
-    """Pre-norm transformer block: causal self-attention then a 4x MLP."""
-
-    def __init__(self, width: int, heads: int) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.out = nn.Linear(4 * width, width)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (
-            z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v)
-        )  # (B, nh, T, hs)
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.out(nn.functional.gelu(self.fc(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    """GPT-2 style language model; ``head.weight`` is the token embedding (one parameter, two modules)."""
-
-    def __init__(self, vocab: int, seq: int, width: int, heads: int, layers: int) -> None:
-        super().__init__()
-        self.tok = nn.Embedding(vocab, width)
-        self.pos = nn.Embedding(seq, width)
-        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
-        self.ln_f = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-        self.head.weight = self.tok.weight
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.ln_f(x))  # (B, T, V)
-
-
-def live_tensor_bytes() -> int:
-    """Bytes of the distinct storages of every live tensor (measured, not computed from shapes)."""
-    gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        if torch.is_tensor(obj):
-            storage = obj.untyped_storage()
-            if storage.nbytes() and storage.data_ptr() not in seen:
-                seen[storage.data_ptr()] = storage.nbytes()
-    return sum(seen.values())
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned ranks import the shared modules too
+from _bench_cases import GPT, ModelDims  # noqa: E402  (one benchmark GPT for every tool)
+from _bench_memory import live_tensor_bytes  # noqa: E402
 
 
 def formula_bytes(numel: int, persistent_numel: int, world: int, stage: int, bf16: bool) -> int:
@@ -118,22 +67,21 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         del cfg["zero_optimization"]["stage3_param_persistence_threshold"]
     ds_engine.init_distributed()
     torch.manual_seed(0)
-    shape = (args.vocab, args.seq, args.width, args.heads, args.layers)
+    dims = ModelDims(args.vocab, args.width, args.layers, args.heads, args.seq, args.micro_batch)
     if args.stage == 3:
         with ds_engine.zero.Init(config_dict_or_path=cfg):
-            model = GPT(*shape)
+            model = GPT(dims)
     else:
-        model = GPT(*shape)
+        model = GPT(dims)
     numel = sum(getattr(p, "ds_shape", p.shape).numel() for p in model.parameters())
     engine, *_ = ds_engine.initialize(model=model, config=cfg)
     g = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):
         tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=g)
-        logits = engine(tokens[:, :-1])
-        loss = nn.functional.cross_entropy(logits.float().reshape(-1, args.vocab), tokens[:, 1:].reshape(-1))
+        loss = engine(tokens[:, :-1], tokens[:, 1:])
         engine.backward(loss)
         engine.step()
-    del logits, loss
+    del loss
     persistent = 0
     if args.stage == 3:
         persistent = sum(s.numel for s in engine.optimizer.params.slots.values() if s.persistent)

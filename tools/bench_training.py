@@ -266,7 +266,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", default="2", help="comma-separated world sizes, e.g. 2,4")
     parser.add_argument("--dtypes", default="fp32", help="fp32, bf16 or fp32,bf16")
-    parser.add_argument("--model", default="gpt13m", help="gpt13m (13.3M parameters), small (4.2M) or tiny")
+    parser.add_argument(
+        "--model",
+        default="gpt13m",
+        help="gpt13m (13.3M parameters), lean (gpt13m, short batch), small (4.2M) or tiny",
+    )
     parser.add_argument("--steps", type=int, default=20, help="timed steps per case and round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per case and round")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds over all cases")
