@@ -131,7 +131,7 @@ def batch(d: ModelDims, rank: int, step: int) -> tuple[torch.Tensor, torch.Tenso
 def engine_config(spec: dict, d: ModelDims) -> dict:
     """The DeepSpeed config ds and DeepSpeed both get. Clipping is explicit: DeepSpeed 0.19 defaults it to
     1.0. The offload case names the optimizer in the config so each engine builds its own offload step."""
-    zero: dict[str, Any] = {"stage": spec["stage"]}
+    zero: dict[str, Any] = {"stage": spec["stage"], **spec.get("zero", {})}  # "zero": keys a run tunes
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": d.micro_batch,
         "gradient_accumulation_steps": 1,

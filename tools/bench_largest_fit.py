@@ -135,6 +135,8 @@ def run_rung(name: str, layers: int, args: argparse.Namespace, budget_bytes: int
     dims = {"vocab": args.vocab, "width": args.width, "layers": layers, "heads": args.heads,
             "seq": args.seq, "micro_batch": args.micro_batch}  # fmt: skip
     spec = {**IMPLS[name], "dtype": "fp32", "dims": dims, "steps": args.steps}
+    if spec["impl"] == "ds":
+        spec["zero"] = json.loads(args.zero)
     env = dict(os.environ, WORLD_SIZE=str(args.world), LOCAL_WORLD_SIZE=str(args.world),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1")  # fmt: skip
     cmd = [sys.executable, str(Path(__file__).resolve()), "--rank", json.dumps(spec)]
@@ -197,6 +199,13 @@ def main() -> None:
     parser.add_argument("--bisect", action="store_true", help="one extra run between last ok and first fail")
     parser.add_argument("--rung-timeout-s", type=float, default=3600)
     parser.add_argument("--json", help="write every rung and the result here")
+    parser.add_argument(
+        "--zero",
+        default="{}",
+        help="JSON merged into ds's zero_optimization, e.g. the stage-3 working-set keys DeepSpeed's docs "
+        "tell users to lower when a model does not fit (defaults: DeepSpeed's, which keep up to 1e9 "
+        "parameters gathered and reduce in buckets of 5e8 elements)",
+    )
     parser.add_argument("--rank", help=argparse.SUPPRESS)  # internal: run one rank in this interpreter
     args = parser.parse_args()
     if args.rank:
