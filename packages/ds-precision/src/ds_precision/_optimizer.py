@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -167,12 +168,17 @@ class MixedPrecisionOptimizer:
     @staticmethod
     def _make_accum_hook(flat: FlatGroup, i: int) -> Callable[[torch.Tensor], None]:
         view = flat.grad_views[i]
+        # the parameter's C++ autograd state holds the hook, out of the garbage collector's sight: a
+        # strong reference to ``flat`` (which holds the parameter) would be a cycle never collected
+        flat_ref = weakref.ref(flat)
 
         def hook(p: torch.Tensor) -> None:
             # accumulate in fp32 so that many small bf16 micro-step grads do not lose their low bits
             view.add_(p.grad)
             p.grad = None
-            flat.accumulated[i] = True
+            owner = flat_ref()
+            if owner is not None:
+                owner.accumulated[i] = True
 
         return hook
 

@@ -12,6 +12,7 @@ from ._comm import AveragingRule, ProcessGroup, flatten, global_rank, plan_bucke
 from ._options import ZeroOptions
 from ._partition import FlatGroup
 from ._schedule import BucketSchedule
+from ._weak_hook import weak_post_accumulate_grad_hook
 
 __all__ = ["PartitionReducer"]
 
@@ -69,7 +70,7 @@ class PartitionReducer:
         )
         # a second hook notes gradients that arrive while the schedule is not armed (outside our backward)
         self._watch = [
-            b.group.params[i].register_post_accumulate_grad_hook(self._watch_outside)
+            weak_post_accumulate_grad_hook(b.group.params[i], self._watch_outside)
             for b in self.buckets
             for i in b.indices
         ]
