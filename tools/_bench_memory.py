@@ -84,3 +84,37 @@ def peak_rss_bytes() -> int:
 def current_rss_bytes() -> int:
     """The resident set now (VmRSS)."""
     return _status_bytes("VmRSS")
+
+
+def _holder(t: torch.Tensor) -> str:
+    """Where ``t`` is referenced from, as ``Type.attr`` / ``Type[key]`` (first few referrers), for tracing."""
+    names = []
+    for ref in gc.get_referrers(t):
+        if isinstance(ref, dict):
+            key = next((k for k, v in ref.items() if v is t), "?")
+            owners = [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+            where = type(owners[0]).__name__ + "." if owners else "dict["
+            names.append(f"{where}{key}" + ("" if owners else "]"))
+        elif isinstance(ref, list | tuple):
+            names.append(type(ref).__name__)
+        elif not isinstance(ref, type(gc.get_objects)) and type(ref).__name__ != "frame":
+            names.append(type(ref).__name__)
+    return ", ".join(sorted(set(names))[:4]) or "(no Python referrer: a .grad or a module buffer)"
+
+
+def live_tensor_table(min_bytes: int = 1 << 16) -> list[tuple[int, str]]:
+    """Every distinct live storage of at least ``min_bytes``, largest first, as ``(nbytes, description)``
+    with the dtype and shape of the largest tensor on it and who refers to it: what to read when
+    :func:`live_tensor_bytes` is larger than expected."""
+    gc.collect()
+    best: dict[tuple[str, int], tuple[int, torch.Tensor]] = {}
+    for t in _candidate_tensors():
+        for key, nbytes in _storages(t):
+            if nbytes >= min_bytes and (key not in best or t.numel() > best[key][1].numel()):
+                best[key] = (nbytes, t)
+    rows = [
+        (n, f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} {t.device.type}: {_holder(t)}")
+        for n, t in best.values()
+    ]
+    del best
+    return sorted(rows, key=lambda r: -r[0])

@@ -77,13 +77,17 @@ def _train_big_bf16(numba_kernels, clip_grad, steps=3):
     )
     g = torch.Generator().manual_seed(3)
     trace = []
+    # the fp32 gradient buffer lives only inside the step: read it as the inner optimizer sees it
+    master_grads = []
+    opt.optimizer.register_step_pre_hook(lambda *_: master_grads.append(opt.groups[0].flat_grad.clone()))
     for _ in range(steps):
         x = torch.randn(16, 96, generator=g).bfloat16()
         opt.backward(model(x).float().pow(2).mean())
         model_grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         assert opt.step()
         flat = opt.groups[0]
-        trace.append((opt.global_grad_norm, model_grads, flat.flat_grad.clone(), flat.flat_master.clone()))
+        assert flat.flat_grad is None  # freed by the step
+        trace.append((opt.global_grad_norm, model_grads, master_grads[-1], flat.flat_master.clone()))
         assert torch.equal(flat.flat_model.view(torch.int16), flat.flat_master.bfloat16().view(torch.int16))
         opt.zero_grad()
     return trace, opt

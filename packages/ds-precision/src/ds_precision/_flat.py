@@ -15,7 +15,8 @@ class FlatGroup:
 
     ``masters[i]`` is what the inner optimizer updates: an fp32 view of ``flat_master`` (or, in
     alias mode, the model parameter itself, re-pointed into ``flat_master``). ``grad_views[i]`` is
-    the matching slice of ``flat_grad`` (``None`` in alias mode, where the model's grads are used).
+    the matching slice of ``flat_grad`` (``None`` in alias mode, where the model's grads are used, and
+    between steps when the owner released the buffer with :meth:`release_grads`).
     """
 
     model_params: list[torch.nn.Parameter]
@@ -30,14 +31,35 @@ class FlatGroup:
     flat_model: torch.Tensor | None = None
     # per param: did a micro-step accumulate a gradient into flat_grad since the last zero_grad
     accumulated: list[bool] = field(default_factory=list)
+    # the model's params are the masters (fp32 model, or no master weights): no fp32 copies at all
+    aliased: bool = False
 
     @property
     def numel(self) -> int:
         return self.flat_master.numel()
 
-    @property
-    def aliased(self) -> bool:
-        return self.flat_grad is None
+    def allocate_grads(self) -> None:
+        """Create the fp32 gradient buffer and its per-parameter views, unless they exist.
+
+        The buffer is uninitialised: the optimizer writes every view it reads (a parameter without a
+        gradient has no master grad and is not stepped).
+        """
+        if self.flat_grad is None and not self.aliased:
+            self.flat_grad = torch.empty_like(self.flat_master)
+            self.grad_views = _views(self.flat_grad, self.offsets, self.model_params)
+
+    def release_grads(self) -> None:
+        """Free the fp32 gradient buffer: between steps nothing reads it (the model's grads hold the
+        next step's gradients until :meth:`allocate_grads` copies them in)."""
+        self.flat_grad = None
+        self.grad_views = None
+        for m in self.masters:
+            m.grad = None
+
+
+def _views(flat: torch.Tensor, offsets: list[int], params: list[torch.nn.Parameter]) -> list[torch.Tensor]:
+    """Per-parameter views of one flat buffer, shaped like the parameters."""
+    return [flat[o : o + p.numel()].view_as(p) for o, p in zip(offsets, params)]
 
 
 def _single_device(params: list[torch.nn.Parameter], names: list[str]) -> torch.device:
@@ -67,7 +89,7 @@ def build_flat_group(
         offsets.append(total)
         total += p.numel()
     flat_master = torch.empty(total, dtype=master_dtype, device=device)
-    views = [flat_master[o : o + p.numel()].view_as(p) for o, p in zip(offsets, params)]
+    views = _views(flat_master, offsets, params)
     with torch.no_grad():
         torch._foreach_copy_(views, [p.detach() for p in params])
     if alias:
@@ -78,9 +100,9 @@ def build_flat_group(
                     "cast the whole model to one dtype, or keep fp32 master weights (master_weights=True)"
                 )
             p.data = v
-        return FlatGroup(list(params), list(params), names, offsets, flat_master, None, None)
+        return FlatGroup(list(params), list(params), names, offsets, flat_master, None, None, aliased=True)
     flat_grad = torch.zeros(total, dtype=master_dtype, device=device)
-    grad_views = [flat_grad[o : o + p.numel()].view_as(p) for o, p in zip(offsets, params)]
+    grad_views = _views(flat_grad, offsets, params)
     masters = [torch.nn.Parameter(v) for v in views]  # shares storage with flat_master
     for m, g in zip(masters, grad_views):
         m.grad = g

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,11 @@ class MixedPrecisionOptimizer:
         self._window_steps = 0
         self._window_skipped = 0
         self._hooks = self._register_accum_hooks() if self.fp32_grad_accum else []
+        if not self.fp32_grad_accum:
+            # the fp32 gradient buffer lives only inside step(): the model's grads hold the gradients
+            # until then (with fp32_grad_accum it is the accumulator, so it lives through the window)
+            for flat in self.groups:
+                flat.release_grads()
         self._reduction_params: list[torch.nn.Parameter] | None = None
         # per group, per parameter: does it count towards the norm on this rank (spec section 5)
         self._counted = [
@@ -162,12 +168,17 @@ class MixedPrecisionOptimizer:
     @staticmethod
     def _make_accum_hook(flat: FlatGroup, i: int) -> Callable[[torch.Tensor], None]:
         view = flat.grad_views[i]
+        # the parameter's C++ autograd state holds the hook, out of the garbage collector's sight: a
+        # strong reference to ``flat`` (which holds the parameter) would be a cycle never collected
+        flat_ref = weakref.ref(flat)
 
         def hook(p: torch.Tensor) -> None:
             # accumulate in fp32 so that many small bf16 micro-step grads do not lose their low bits
             view.add_(p.grad)
             p.grad = None
-            flat.accumulated[i] = True
+            owner = flat_ref()
+            if owner is not None:
+                owner.accumulated[i] = True
 
         return hook
 
@@ -273,10 +284,17 @@ class MixedPrecisionOptimizer:
             )
         self.optimizer.step()
         self._copy_back(live, kernels)
+        self._release_transient_grads()
         if self.scaler is not None:
             self.scaler.update_scale(False)
         self._account(skipped=False)
         return True
+
+    def _release_transient_grads(self) -> None:
+        """Free the fp32 gradient buffers after a step, unless they accumulate across micro-steps."""
+        if not self.fp32_grad_accum:
+            for flat in self.groups:
+                flat.release_grads()
 
     def _live(self, flat: FlatGroup) -> tuple[list[torch.Tensor], list[torch.Tensor], list[int]]:
         """(gradients to read, their master grads, indices) for params that got a gradient."""
@@ -290,6 +308,7 @@ class MixedPrecisionOptimizer:
         grads = [flat.model_params[i].grad for i in idx]
         if flat.aliased:
             return grads, grads, idx
+        flat.allocate_grads()  # freed again at the end of the step
         # params without a gradient must not be stepped (torch semantics: weight decay, momentum)
         have = set(idx)
         for i, m in enumerate(flat.masters):
@@ -404,6 +423,7 @@ class MixedPrecisionOptimizer:
             self.skipped_steps += 1
             self._account(skipped=True)
             self.zero_grad()
+            self._release_transient_grads()
 
     def _nonfinite_names(self, live: list[tuple]) -> tuple[str, ...]:
         names = []

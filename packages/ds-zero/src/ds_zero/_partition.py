@@ -25,7 +25,8 @@ class FlatGroup:
     rank: int
     flat: torch.Tensor  # full padded low-precision buffer; params are views into it
     # fp32 weights of this rank's partition, the inner optimizer's only param: a view of ``flat`` when the
-    # model is fp32 and not offloaded (a second copy would only duplicate it), else its own tensor
+    # model is fp32 and on the device the master belongs on (a second copy would only duplicate it:
+    # offload of fp32 weights that already live in CPU memory), else its own tensor
     master: torch.Tensor
     grad_dtype: torch.dtype  # dtype of the partition gradient (fp32 with fp32 gradient accumulation)
     opt_group: dict
@@ -42,7 +43,7 @@ class FlatGroup:
 
     @property
     def master_is_view(self) -> bool:
-        """True when the master partition shares the weights' storage (fp32 model, no offload)."""
+        """True when the master partition shares the weights' storage (fp32 model, not moved by offload)."""
         return self.master.untyped_storage().data_ptr() == self.flat.untyped_storage().data_ptr()
 
     def grad_part_for_update(self) -> torch.Tensor:
@@ -105,8 +106,10 @@ def build_group(
 
 
 def _master(weights: torch.Tensor, opts: ZeroOptions) -> torch.Tensor:
-    """The fp32 master partition: the weights themselves when they are fp32 and stay where they are."""
-    if weights.dtype == torch.float32 and not opts.cpu_offload:
+    """The fp32 master partition: the weights themselves when they are fp32 and already live where the
+    master must (on the CPU with offload): a second copy would only duplicate them."""
+    in_place = not opts.cpu_offload or weights.device.type == "cpu"
+    if weights.dtype == torch.float32 and in_place:
         return weights.detach()  # shares storage: the optimizer updates the model's weights directly
     master = weights.detach().to("cpu" if opts.cpu_offload else weights.device, torch.float32, copy=True)
     if opts.cpu_offload and opts.pin_memory and torch.cuda.is_available():

@@ -12,6 +12,7 @@ from ._comm import AveragingRule, ProcessGroup, flatten, plan_buckets, reduce_to
 from ._options import ZeroOptions
 from ._partition import FlatGroup
 from ._schedule import BucketSchedule
+from ._weak_hook import weak_post_accumulate_grad_hook
 
 __all__ = ["PartitionReducer"]
 
@@ -55,24 +56,21 @@ class PartitionReducer:
         self.buckets = self._plan()
         self._bucket_of = {id(b.group.params[i]): (b, i) for b in self.buckets for i in b.indices}
         self._nslots = 2 if opts.overlap_comm else 1
+        # contiguous stage 2's staging slots: allocated by a backward's first staged gradient and freed
+        # when that backward's reductions are done, so that nothing bucket-sized lives between backwards
         self._slots: list[torch.Tensor] = []
+        self._slot_numel = max((b.end - b.start for b in self.buckets), default=0)
         self._slot_owner: list[_Bucket | None] = [None] * self._nslots
         self._inflight: list[_Bucket] = []
         self._stream = None
         self.got_grad: set[int] = set()  # ids of params that received a gradient in this engine's backward
         self.outside: dict[int, nn.Parameter] = {}  # params that received one outside it since
-        if self.stage == 2 and self.contiguous and self.buckets:
-            width = max(b.end - b.start for b in self.buckets)
-            flat = groups[0].flat
-            self._slots = [
-                torch.zeros(width, dtype=flat.dtype, device=flat.device) for _ in range(self._nslots)
-            ]
         self.schedule = BucketSchedule(
             [[b.group.params[i] for i in b.indices] for b in self.buckets], self._launch_k, self._on_grad
         )
         # a second hook notes gradients that arrive while the schedule is not armed (outside our backward)
         self._watch = [
-            b.group.params[i].register_post_accumulate_grad_hook(self._watch_outside)
+            weak_post_accumulate_grad_hook(b.group.params[i], self._watch_outside)
             for b in self.buckets
             for i in b.indices
         ]
@@ -91,8 +89,22 @@ class PartitionReducer:
 
     @property
     def staging_buffers(self) -> list[torch.Tensor]:
-        """The preallocated bucket buffers of contiguous stage 2."""
+        """The bucket buffers of contiguous stage 2 (empty between backwards: they are freed by flush)."""
         return self._slots
+
+    def _slot(self, bucket: _Bucket) -> torch.Tensor:
+        """``bucket``'s staging slot, allocating the slots at the first use since the last flush.
+
+        Uninitialised memory is enough: every element of a bucket's range is written (a gradient or
+        zeros, ``_stage2_buffer``) before the bucket is reduced, and the flat space has no gaps.
+        """
+        if not self._slots:
+            flat = self.buckets[0].group.flat
+            self._slots = [
+                torch.empty(self._slot_numel, dtype=flat.dtype, device=flat.device)
+                for _ in range(self._nslots)
+            ]
+        return self._slots[bucket.order % self._nslots]
 
     # ------------------------------------------------------------------ the engine's backward
     def begin_backward(self, boundary: bool) -> None:
@@ -114,6 +126,7 @@ class PartitionReducer:
         self.schedule.reset()
         for b in self.buckets:
             b.staged = set()
+        self._slots = []  # every reduction is done: the staging slots are not read again
 
     def _watch_outside(self, param: nn.Parameter) -> None:
         if not self.schedule.armed:
@@ -127,7 +140,7 @@ class PartitionReducer:
                 self._adopt_grad(bucket.group, index)  # bf16 grad -> fp32 buffer, freed at once
             return
         if self.contiguous and param.grad is not None and self._claim_slot(bucket):
-            slot = self._slots[bucket.order % self._nslots]
+            slot = self._slot(bucket)
             start, end = bucket.group.layout.param_range(index)
             slot[start - bucket.start : end - bucket.start].copy_(param.grad.reshape(-1))
             param.grad = None  # the slot holds it now: free the tensor autograd allocated
@@ -172,7 +185,7 @@ class PartitionReducer:
         g = b.group
         if self.contiguous:
             self._claim_slot(b)
-            buf = self._slots[b.order % self._nslots][: b.end - b.start]
+            buf = self._slot(b)[: b.end - b.start]
             for i in b.indices:
                 if i not in b.staged:
                     start, end = g.layout.param_range(i)

@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from ._weak_hook import weak_post_accumulate_grad_hook
+
 __all__ = ["BucketSchedule"]
 
 
@@ -54,7 +56,7 @@ class BucketSchedule:
         self._launch_early = False
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         if hooks:
-            self._handles = [p.register_post_accumulate_grad_hook(self.ready) for b in buckets for p in b]
+            self._handles = [weak_post_accumulate_grad_hook(p, self.ready) for b in buckets for p in b]
 
     def __len__(self) -> int:
         return len(self._sizes)

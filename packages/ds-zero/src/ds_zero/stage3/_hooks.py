@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .._weak_hook import weak_post_accumulate_grad_hook
 from ._partition import ParamSlot, PartitionedParams
 from ._schedule import FetchSchedule
 
@@ -65,7 +66,7 @@ class GatherHooks:
                 self._handles.append(m.register_forward_hook(partial(self._post_forward, slots)))
         for s in params.slots.values():
             if s.param.requires_grad:
-                self._handles.append(s.param.register_post_accumulate_grad_hook(self._grad_ready))
+                self._handles.append(weak_post_accumulate_grad_hook(s.param, self._grad_ready))
 
     def _pre_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any) -> None:
         for s in slots:

@@ -1,0 +1,72 @@
+"""Issue 18: an engine dropped within a process frees everything it allocated.
+
+A gradient hook registered with ``register_post_accumulate_grad_hook`` lives in the parameter's C++
+autograd state, which Python's garbage collector cannot see; a hook that refers back to its parameter
+(through a reducer, a flat buffer, an optimizer) kept a weights-sized buffer and the optimizer state of
+every dropped engine alive for the life of the process. Measured here by walking gc's tensors, on one and
+on two gloo ranks, for fp32 and bf16 at every ZeRO stage, with the same model object as a user would keep.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+from rank_testing import spawn
+from torch import nn
+
+
+def _live_cpu_storage_bytes() -> int:
+    """Bytes of every distinct live CPU tensor storage (views of one storage count once)."""
+    gc.collect()
+    storages = {}
+    for obj in gc.get_objects():
+        if type(obj) is torch.Tensor or type(obj) is nn.Parameter:
+            storages[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
+def _build_step_drop(rank: int, world: int, dtype: str) -> list[tuple[int, int, int, int]]:
+    """Per stage: (stage, bytes of the model's own weights, live bytes after initialize+step+del of all it
+    returned, after del model too), each above what was alive before the model was built."""
+    import ds_engine
+
+    results = []
+    for stage in (0, 1, 2, 3):
+        base = _live_cpu_storage_bytes()
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 8))
+        config = {
+            "train_micro_batch_size_per_gpu": 2,
+            "zero_optimization": {"stage": stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+            "bf16": {"enabled": dtype == "bf16"},
+        }
+        returned = ds_engine.initialize(model=model, config=config)
+        engine = returned[0]
+        x = torch.randn(2, 64, dtype=torch.bfloat16 if dtype == "bf16" else torch.float32)
+        engine.backward(engine(x).float().square().mean())
+        engine.step()
+        del engine, returned, x
+        # the model's own weights, in the dtype the engine cast them to (ZeRO 1/2: one flat buffer)
+        own = sum(
+            {
+                p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
+            }.values()
+        )
+        after = _live_cpu_storage_bytes() - base
+        del model
+        results.append((stage, own, after, _live_cpu_storage_bytes() - base))
+    return results
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_a_dropped_engine_frees_what_it_allocated(world, dtype):
+    for stage, own, after, gone in spawn(_build_step_drop, world, dtype, timeout_s=600)[0]:
+        # with the model still alive: only its own weights (stage 3 keeps its gathering hooks and
+        # partitions on the model's modules, as DeepSpeed does, so it is checked once the model is gone)
+        if stage < 3:
+            assert after == own, f"stage {stage}: {after - own} bytes outlive the engine"
+        assert gone == 0, f"stage {stage}: {gone} bytes outlive the engine and the model"
