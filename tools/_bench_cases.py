@@ -140,6 +140,8 @@ def engine_config(spec: dict, d: ModelDims) -> dict:
         "bf16": {"enabled": spec["dtype"] == "bf16"},
         "steps_per_print": 10**9,
     }
+    if spec.get("overlap"):
+        zero["overlap_comm"] = True
     if spec.get("offload"):
         zero["offload_optimizer"] = {"device": "cpu"}
         config["optimizer"] = {"type": "AdamW", "params": {"lr": LR}}

@@ -4,7 +4,8 @@
 Every case trains the same GPT (``--model``; the default is the 13.3M-parameter one of docs/benchmarks.md)
 with the same config and client AdamW, on ``--world`` ranks over gloo, in fp32 and/or bf16:
 ds at ZeRO stages 0-3 (3 only when the installed ds-config accepts it) plus ds's own ZeRO-2 optimizer
-offload step, DDP, FSDP2 (``fully_shard``), and the real DeepSpeed at stages 0-3 from
+offload step and ds at stages 1-2 with ``overlap_comm: true`` (``ds-overlap``: reductions launched from
+gradient hooks while backward runs; DeepSpeed's default at these stages, false, reduces after it), DDP, FSDP2 (``fully_shard``), and the real DeepSpeed at stages 0-3 from
 /work/venvs/deepspeed (DS_ACCELERATOR=cpu). Each case runs in fresh processes, one per rank.
 
 Speed. Before each engine step, every rank times a plain forward+backward of an identical copy of the
@@ -106,7 +107,11 @@ def run_case_subprocess(spec: dict) -> dict:
 
 
 def case_label(spec: dict) -> str:
-    name = spec["impl"] + (" offload" if spec.get("offload") else "")
+    name = (
+        spec["impl"]
+        + (" offload" if spec.get("offload") else "")
+        + (" overlap" if spec.get("overlap") else "")
+    )
     return f"{name} stage {spec['stage']}" if spec["impl"] in ("ds", "deepspeed") else name
 
 
@@ -121,6 +126,13 @@ def plan_cases(args: argparse.Namespace, ds_stages: list[int]) -> list[dict]:
             cases.append({"impl": "deepspeed", "stage": stage})
     if "ds-offload" in impls:
         cases.append({"impl": "ds", "stage": 2, "offload": True})
+    # ds at stages 1/2 with overlap_comm: true (reductions launched from gradient hooks during backward;
+    # false, DeepSpeed's default at these stages, reduces after backward)
+    cases += [
+        {"impl": "ds", "stage": s, "overlap": True}
+        for s in (1, 2)
+        if "ds-overlap" in impls and s in ds_stages
+    ]
     return cases
 
 
@@ -188,7 +200,9 @@ def _ratio(ours: float, theirs: float) -> str:
 
 def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
     over = {
-        (r["impl"], r["stage"]): r["overhead_ms"] for r in rows if "error" not in r and not r.get("offload")
+        (r["impl"], r["stage"]): r["overhead_ms"]
+        for r in rows
+        if "error" not in r and not r.get("offload") and not r.get("overlap")
     }
     spread_note = "min..max over rounds" if repeats > 1 else "p25..p75 of per-step step-ceiling"
     lines = [
@@ -275,7 +289,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per case and round")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds over all cases")
     parser.add_argument("--stages", type=_ints, default=list(STAGES), help="ZeRO stages, e.g. 0,1,2")
-    parser.add_argument("--impls", default="ddp,fsdp2,ds,ds-offload,deepspeed", help="which implementations")
+    parser.add_argument(
+        "--impls", default="ddp,fsdp2,ds,ds-offload,ds-overlap,deepspeed", help="which implementations"
+    )
     parser.add_argument("--json", default="bench_training.json", help="where to write every figure")
     parser.add_argument("--collectives", action="store_true", help="only time gloo collectives (8 MiB fp32)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this interpreter
