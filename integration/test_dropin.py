@@ -106,7 +106,8 @@ def test_losses_match_deepspeed(name: str, launcher: str, tmp_path: Path):
     )
 
 
-@pytest.mark.parametrize("stage", [1, 2])
+# stage 2 only: test_zero_outside_backward.py covers stages 1 and 2 of the same two-engine pattern
+@pytest.mark.parametrize("stage", [2])
 def test_gan_at_zero_stages_trains_as_at_stage0(stage: int, tmp_path: Path):
     """The generator's backward writes into the discriminator outside D's own backward: same result, or an error."""
     record = json.loads((FIXTURES / "gan_zero0_fp32.json").read_text())

@@ -68,7 +68,7 @@ def test_short_run_learns_checkpoints_and_resumes(tmp_path: Path, ws: int) -> No
     assert (ckpts / "latest").read_text().strip() == "global_step40"
 
 
-@multi_rank
+@pytest.mark.skipif(world_size() != 2, reason="at stage 3 the main job runs in the 2-rank session (CI time)")
 def test_main_job_at_zero_stage3_learns_and_resumes_at_another_world_size(tmp_path: Path, ws: int) -> None:
     config = Path(__file__).resolve().parents[1] / "examples" / "configs" / "gpt_zero3.json"
     out = tmp_path / "run"
