@@ -112,6 +112,7 @@ def integration(session: nox.Session, world_size: int) -> None:
             else []
         ),
         "-q",
+        "--durations=15",  # the slowest tests, for whoever trims CI time next
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,
         env={"DS_TEST_WORLD_SIZE": str(world_size)},
