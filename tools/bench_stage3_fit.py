@@ -60,6 +60,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
             "stage": args.stage,
             "reduce_bucket_size": args.bucket,
             "stage3_param_persistence_threshold": args.threshold,
+            **json.loads(args.zero),
         },  # fmt: skip
         "steps_per_print": 10_000,
     }
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--bucket", type=int, default=5_000_000, help="reduce_bucket_size (elements)")
     parser.add_argument("--threshold", type=int, default=100_000, help="stage3_param_persistence_threshold")
+    parser.add_argument("--zero", default="{}", help="JSON merged into zero_optimization (e.g. stage-3 keys)")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
