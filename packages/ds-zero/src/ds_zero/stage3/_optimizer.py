@@ -16,6 +16,7 @@ from .._protocol import LossScalerProtocol
 from .._step import LossScaledStep
 from ._grad_parts import GradPartitions
 from ._grads import Stage3Reducer
+from ._heap import release_freed_heap
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
@@ -118,6 +119,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
+        release_freed_heap()  # the construction chunks and the move's temporaries (see _heap)
 
     @classmethod
     def from_config(
@@ -169,6 +171,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
         self._masters_to_parts()
         self._end_step()
+        release_freed_heap()  # the step's gathers, gradients, buckets and temporaries (see _heap)
         return True
 
     def _masters_to_parts(self) -> None:
