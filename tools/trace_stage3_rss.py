@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import json
 import sys
+import time
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
@@ -109,8 +110,11 @@ def main() -> None:
         _, step = _fsdp2(model, spec, d)  # shards in place; step clips, steps and zeroes the grads
         forward, backward = model, lambda loss: loss.backward()
     trace.now("wrapped")
+    seconds = []
     for i in range(args.steps):
         idx, tgt = batch(d, rank, i)
+        dist.barrier()
+        t0 = time.perf_counter()
         reset_peak_rss()
         loss = forward(idx, tgt)
         trace.peak(f"forward {i} peak")
@@ -123,12 +127,14 @@ def main() -> None:
         reset_peak_rss()
         step()
         trace.peak(f"step {i} peak")
+        seconds.append(time.perf_counter() - t0)  # the trace's own points (gc with --live) included
         trace.now(f"after step {i}")
     if rank == 0:
         n = sum(p.numel() for p in model.parameters()) if args.impl == "fsdp2" else None
         print(f"impl {args.impl}" + (f", {n / 1e6:.1f}M params" if n else ""))
         for phase, text in trace.rows:
             print(f"{phase:>20}: {text} MB")
+        print("seconds per step (rank 0): " + ", ".join(f"{t:.1f}" for t in seconds))
     dist.destroy_process_group()
 
 
