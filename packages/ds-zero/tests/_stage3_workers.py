@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import weakref
 
 import torch
 import torch.utils.checkpoint as ckpt
@@ -131,14 +132,26 @@ def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40, ov
     gathers, reduces = zero.params.gathered_numel, zero.grads.reduce_calls
     train(model, zero, rank, world, 1, 1)
     state = zero.sub_groups.state_of(zero.optimizer, 0)
+    gathered_per_step, reduces_per_step = (
+        zero.params.gathered_numel - gathers,
+        zero.grads.reduce_calls - reduces,
+    )
+    # the partition gradient exists from a backward to the step only: the step frees its storage
+    x, y = batch(2, world)
+    zero.backward(loss_of(model, x[rank * MB : (rank + 1) * MB], y[rank * MB : (rank + 1) * MB]))
+    grad_refs = [weakref.ref(g) for g in zero.grad_parts]
+    held = [r() is not None for r in grad_refs]
+    zero.step()
     return {
+        "grad_held_after_backward": held,
+        "grad_freed_after_step": [r() is None for r in grad_refs],
         "total_numel": total,
         "whole_after_step": {n: p.numel() for n, p in model.named_parameters() if p.numel() > 0},
         "partition_numel": sum(p.numel() for p in zero.params.parts),
         "master_is_partition": zero.masters[0].data_ptr() == zero.params.parts[0].data_ptr(),
         "state_numel": {k: v.numel() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 1},
-        "gathered_numel_per_step": zero.params.gathered_numel - gathers,
-        "reduces_per_step": zero.grads.reduce_calls - reduces,
+        "gathered_numel_per_step": gathered_per_step,
+        "reduces_per_step": reduces_per_step,
         "peak_inflight": zero.grads.peak_inflight,
         "peak_live_numel": zero.params.peak_live_numel,
         "largest_module_numel": max(
@@ -341,8 +354,35 @@ def fetch_schedule(rank: int, world: int) -> dict:
     return out
 
 
+def saved_weights(rank: int, world: int) -> dict:
+    """After a forward, what autograd saved of the weights: ``nn.Linear`` saves ``weight.t()``, a view of
+    the gathered tensor; its storage must be freed with the release, not kept whole until backward."""
+    options = Stage3Options(param_persistence_threshold=0, prefetch_bucket_size=0, max_reuse_distance=0)
+    model, zero = build(options)
+    x, y = batch(0, world)
+    loss = loss_of(model, x[rank * MB : (rank + 1) * MB], y[rank * MB : (rank + 1) * MB])
+    params = {id(s.param): s for s in zero.params.slots.values()}
+    views, held, seen, stack = 0, 0, set(), [loss.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        stack += [n for n, _ in node.next_functions]
+        for attr in dir(node):
+            t = getattr(node, attr) if attr.startswith("_saved_") else None
+            slot = params.get(id(t._base)) if torch.is_tensor(t) and t._base is not None else None
+            if slot is not None and not slot.gathered:
+                views += 1
+                held += t.untyped_storage().nbytes()
+    zero.backward(loss)  # the saved views are refilled by backward's gather: training works on
+    zero.step()
+    return {"saved_weight_views": views, "held_bytes": held}
+
+
 def world_main(rank: int, world: int) -> dict:
     return {
+        "saved": saved_weights(rank, world),
         "schedule": fetch_schedule(rank, world),
         "parity": parity(rank, world),
         "partition": partitioning(rank, world),

@@ -37,6 +37,22 @@ def test_each_rank_holds_only_its_partition(world):
         assert set(p["state_numel"].values()) == {p["partition_numel"]}, "optimizer state is the partition's"
 
 
+def test_gradient_partition_lives_from_backward_to_step(world):
+    _, results = world
+    for r in results:
+        p = r["partition"]
+        assert all(p["grad_held_after_backward"]), "a backward reduces into the partition gradient"
+        assert all(p["grad_freed_after_step"]), "nothing reads the partition gradient after the step: freed"
+
+
+def test_weights_autograd_saved_in_forward_are_freed_with_the_release(world):
+    _, results = world
+    for r in results:
+        saved = r["saved"]
+        assert saved["saved_weight_views"] > 0, "nn.Linear saves a view of its weight for backward"
+        assert saved["held_bytes"] == 0, "a released weight's saved view must not keep its gathered copy"
+
+
 def test_gathered_working_set_is_one_module_at_a_time(world):
     _, results = world
     for r in results:
@@ -128,6 +144,34 @@ def test_parameter_used_outside_its_module_needs_registration(world):
         assert e["register=True"] < FP32_TOL
 
 
+def test_elementwise_optimizer_steps_small_views_with_identical_results(monkeypatch):
+    import torch.distributed as dist
+    from ds_zero.stage3 import _subgroups
+    from rank_testing import free_port
+
+    def train(optimizer_cls: type, options: Stage3Options) -> tuple[list[int], dict]:
+        torch.manual_seed(0)
+        model = w.Net()
+        zero = ZeroStage3Optimizer(model, optimizer_cls(model.parameters(), lr=1e-2), options)
+        w.train(model, zero, 0, 1, 2, 1)
+        return [v.numel() for v in zero.sub_groups.views[0]], zero.module_state_dict()
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        options = Stage3Options(param_persistence_threshold=0)
+        whole, ref = train(torch.optim.AdamW, options)
+        monkeypatch.setattr(_subgroups, "STEP_PIECE", 7)
+        pieces, cut = train(torch.optim.AdamW, options)
+        # torch's optimizers allocate temporaries as large as the tensor they update: small views, small ones
+        assert len(whole) == 1 and max(pieces) == 7 and sum(pieces) == whole[0]
+        assert all(torch.equal(cut[k], v) for k, v in ref.items()), "element-wise: the cut changes nothing"
+        untested = Stage3Options(param_persistence_threshold=0, allow_untested_optimizer=True)
+        views, _ = train(torch.optim.Rprop, untested)
+        assert views == whole, "an optimizer not known element-wise keeps sub_group_size's cut"
+    finally:  # later test files make their own group
+        dist.destroy_process_group()
+
+
 def test_untested_optimizer_is_rejected_with_the_key_to_set():
     import torch.distributed as dist
     from rank_testing import free_port
@@ -202,7 +246,7 @@ def test_from_config_wires_the_top_level_keys_into_the_optimizer():
         zero = ZeroStage3Optimizer.from_config(model, torch.optim.AdamW(model.parameters()), cfg)
         assert zero.clip_grad == 0.5
         assert (zero.grads.rule.prescale, zero.grads.rule.predivide) == (True, 4.0)
-        assert {g.dtype for g in zero.grad_parts} == {torch.float32}
+        assert set(zero.grad_parts.dtypes) == {torch.float32}
     finally:  # later test files make their own group
         dist.destroy_process_group()
 

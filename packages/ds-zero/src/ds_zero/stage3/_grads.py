@@ -18,6 +18,7 @@ from torch import nn
 
 from .._comm import AveragingRule, plan_buckets, reduce_to_owners
 from .._schedule import BucketSchedule
+from ._grad_parts import GradPartitions
 from ._partition import ParamSlot, PartitionedParams
 
 __all__ = ["Stage3Reducer"]
@@ -33,7 +34,8 @@ class _Bucket:
 
 
 class Stage3Reducer:
-    """Turns full gradients into this rank's summed (averaged) partition gradients ``grad_parts``.
+    """Turns full gradients into this rank's summed (averaged) partition gradients ``grad_parts``
+    (allocated by the first reduction of a backward, see ``_grad_parts``).
 
     The gather hooks call ``grad_ready(param)`` while ``param.grad`` holds its full gradient; ``flush()``
     ends a backward. With ``overlap_comm`` up to two buckets are in flight while backward goes on;
@@ -43,7 +45,7 @@ class Stage3Reducer:
     def __init__(
         self,
         params: PartitionedParams,
-        grad_parts: list[torch.Tensor],
+        grad_parts: GradPartitions,
         *,
         bucket_elems: int,
         rule: AveragingRule,
@@ -86,6 +88,7 @@ class Stage3Reducer:
             self._send(_Bucket(slot.group, slot.start, slot.end, grad))
         while self._inflight:
             self._absorb(self._inflight[0])
+        self.grad_parts.finish()
         self._late.clear()
         self.schedule.reset()
 
@@ -109,7 +112,7 @@ class Stage3Reducer:
         b = self._buckets[k]
         if b.buf is None:  # no parameter of the bucket got a gradient: the owners still expect a sum
             dtype = self.params.parts[b.group].dtype
-            b.buf = torch.zeros(b.end - b.start, dtype=dtype, device=self.grad_parts[b.group].device)
+            b.buf = torch.zeros(b.end - b.start, dtype=dtype, device=self.grad_parts.devices[b.group])
         self._send(b)
 
     def _send(self, b: _Bucket) -> None:
@@ -131,10 +134,9 @@ class Stage3Reducer:
         layout = self.params.layouts[b.group]
         ps, pe = layout.partition_range(self.params.rank)
         lo, hi = max(b.start, ps), min(b.end, pe)
-        if lo < hi:
-            target = self.grad_parts[b.group]  # in CPU memory with offload_param
-            target[lo - ps : hi - ps].add_(
-                b.buf[lo - b.start : hi - b.start].to(target.device), alpha=self.rule.after_factor()
+        if lo < hi:  # the partition is in CPU memory with offload_param
+            self.grad_parts.add(
+                b.group, lo - ps, hi - ps, b.buf[lo - b.start : hi - b.start], self.rule.after_factor()
             )
         self._inflight.remove(b)
         b.buf, b.works = None, []

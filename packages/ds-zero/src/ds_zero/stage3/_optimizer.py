@@ -14,13 +14,15 @@ from .._errors import ZeroConfigError
 from .._options import check_step_options
 from .._protocol import LossScalerProtocol
 from .._step import LossScaledStep
+from ._grad_parts import GradPartitions
 from ._grads import Stage3Reducer
+from ._heap import release_freed_heap
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
 from ._schedule import FetchSchedule
 from ._state import load_sharded, sharded_state
-from ._subgroups import SubGroups
+from ._subgroups import SubGroups, view_size
 
 __all__ = ["ZeroStage3Optimizer"]
 
@@ -82,7 +84,6 @@ class ZeroStage3Optimizer(LossScaledStep):
         )
         master_device = cpu if options.offload_optimizer else None
         self.masters: list[torch.Tensor] = []
-        self.grad_parts: list[torch.Tensor] = []
         for part in self.params.parts:
             # fp32 on the same device: the weight partition is the master (no second copy)
             alias = part.dtype == torch.float32 and master_device in (None, part.device)
@@ -90,8 +91,13 @@ class ZeroStage3Optimizer(LossScaledStep):
                 part if alias else part.detach().to(master_device or part.device, torch.float32, copy=True)
             )
             self.masters.append(master)
-            self.grad_parts.append(torch.zeros_like(part, dtype=options.grad_accum_dtype or part.dtype))
-        self.sub_groups = SubGroups(self.masters, options.sub_group_size)
+        parts = self.params.parts
+        self.grad_parts = GradPartitions(  # allocated by a backward, freed by the step
+            [p.numel() for p in parts],
+            [options.grad_accum_dtype or p.dtype for p in parts],
+            [p.device for p in parts],
+        )
+        self.sub_groups = SubGroups(self.masters, view_size(optimizer, options.sub_group_size))
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
             g["params"] = views
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
@@ -113,6 +119,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
+        release_freed_heap()  # the construction chunks and the move's temporaries (see _heap)
 
     @classmethod
     def from_config(
@@ -150,19 +157,21 @@ class ZeroStage3Optimizer(LossScaledStep):
         self.hooks.end_backward()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Clear the partition gradients for the next accumulation window."""
-        for grad in self.grad_parts:
-            grad.zero_()
+        """Clear the partition gradients for the next accumulation window (their memory is freed)."""
+        self.grad_parts.clear()
 
     # ------------------------------------------------------------------ step
     def step(self) -> bool:
         """Optimizer step on this rank's partitions; returns False when skipped for overflow."""
-        divisor = self._begin_step(self._global_norm_sq())
+        grads = list(self.grad_parts)  # zeros for a group no backward reduced into
+        divisor = self._begin_step(self._global_norm_sq(grads))
         if divisor is None:
             return False
-        self.sub_groups.step(self.optimizer, self.grad_parts, 1.0 / divisor)
+        self.sub_groups.step(self.optimizer, grads, 1.0 / divisor)
+        del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
         self._masters_to_parts()
         self._end_step()
+        release_freed_heap()  # the step's gathers, gradients, buckets and temporaries (see _heap)
         return True
 
     def _masters_to_parts(self) -> None:
@@ -173,10 +182,10 @@ class ZeroStage3Optimizer(LossScaledStep):
                     part.copy_(master)
         self.params.refresh_whole()
 
-    def _global_norm_sq(self) -> float:
+    def _global_norm_sq(self, grads: list[torch.Tensor]) -> float:
         """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan): one all-reduce."""
         local = torch.zeros(2, dtype=torch.float64)
-        for grad, ranges in zip(self.grad_parts, self._norm_ranges):
+        for grad, ranges in zip(grads, self._norm_ranges):
             # in chunks: a float64 copy of a whole partition would be the largest allocation of the step
             for lo, hi in ranges if ranges is not None else [(0, grad.numel())]:
                 for c in range(lo, hi, _NORM_CHUNK):

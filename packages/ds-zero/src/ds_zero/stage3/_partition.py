@@ -4,9 +4,14 @@ The flat space of an optimizer param group is the one of stages 1 and 2 (``Group
 group order, padded, cut into ``dp`` contiguous partitions. So a stage-3 rank owns exactly the elements
 a stage-1/2 rank owns, and checkpoints move between stages without conversion.
 
-A released parameter's ``.data`` is an empty tensor; gathering gives it a full tensor again. A set of
-parameters sorted by flat offset puts each owner's elements in one contiguous run (partitions are
-contiguous in flat order), so gathering is one broadcast per owner into a single buffer.
+A released parameter's ``.data`` is an empty tensor; gathering gives it a full tensor again: always the
+same one, the slot's ``home``, whose *storage* is freed on release (resized to 0 bytes) and allocated
+again by the next gather. Autograd saves views of a weight for backward (``nn.Linear`` saves
+``weight.t()``); with a fresh tensor per gather, each saved view kept its forward's copy alive until
+backward, so every weight the forward used stayed whole through the forward (the whole model, measured:
+``tools/trace_stage3_rss.py``). A saved view of the home shares its storage, so freeing the storage frees
+it, and backward's re-gather refills it. Each parameter's piece of each owner's partition travels in one
+broadcast straight into the home.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ class ParamSlot:
     pins: int = 0  # open GatheredParameters blocks holding it whole
     bwd_hold: bool = False  # backward reached its module and its gradient has not arrived yet
     gathered: bool = False
+    home: torch.Tensor | None = None  # the full tensor while gathered; its storage is empty when released
 
     @property
     def numel(self) -> int:
@@ -141,17 +147,13 @@ class PartitionedParams:
         slots = list(slots)
         todo = [s for s in slots if not s.gathered]
         works = []
-        for g in sorted({s.group for s in todo}):
-            members = sorted((s for s in todo if s.group == g), key=lambda s: s.start)
-            buf, works_g = self._launch_gather(g, self.parts[g], members, members[0].param.dtype)
-            works += works_g
-            offset = 0
-            for s in members:
-                s.param.data = buf[offset : offset + s.numel].view(s.shape)
-                s.gathered = True
-                offset += s.numel
-                if not s.persistent:
-                    self.live_numel += s.numel
+        for s in sorted(todo, key=lambda s: (s.group, s.start)):
+            home = self._home(s)
+            works += self._launch_gather(s, self.parts[s.group], home.view(-1))
+            s.param.data = home
+            s.gathered = True
+            if not s.persistent:
+                self.live_numel += s.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
         if not wait:
             for s in todo:
@@ -173,38 +175,37 @@ class PartitionedParams:
         """Full values of ``slots`` read from other partitions of the same layout (e.g. the fp32 masters)."""
         out: list[torch.Tensor] = []
         for s in slots:
-            buf, works = self._launch_gather(s.group, sources[s.group], [s], dtype)
-            for w in works:
+            buf = torch.empty(s.numel, dtype=dtype, device=s.param.device)
+            for w in self._launch_gather(s, sources[s.group], buf):
                 w.wait()
             out.append(buf.view(s.shape))
         return out
 
-    def _launch_gather(
-        self, g: int, source: torch.Tensor, members: Sequence[ParamSlot], dtype: torch.dtype
-    ) -> tuple[torch.Tensor, list]:
-        """Fill one buffer with ``members`` (sorted by offset): local pieces copied, one broadcast per owner."""
-        layout = self.layouts[g]
+    def _home(self, s: ParamSlot) -> torch.Tensor:
+        """The slot's full tensor with its storage allocated (contents undefined until gathered)."""
+        p = s.param
+        if s.home is None or s.home.dtype != p.dtype or s.home.device != p.device:
+            s.home = torch.empty(s.shape, dtype=p.dtype, device=p.device)
+        elif s.home.untyped_storage().nbytes() == 0:
+            s.home.untyped_storage().resize_(s.numel * s.home.element_size())
+        return s.home
+
+    def _launch_gather(self, s: ParamSlot, source: torch.Tensor, out: torch.Tensor) -> list:
+        """Fill ``out`` (flat, ``s.numel`` elements) with ``s``'s value from the partitions ``source`` of
+        its group: the local piece copied, one broadcast per owner of a piece; returns the works."""
+        layout = self.layouts[s.group]
         ps = layout.partition_range(self.rank)[0]
-        buf = torch.empty(sum(s.numel for s in members), dtype=dtype, device=members[0].param.device)
-        runs: dict[int, list[int]] = {}  # owner -> [first, last) of its run in buf
-        offset = 0
-        for s in members:
-            for r, lo, hi in layout.owners(s.start, s.end):
-                b0, b1 = offset + lo - s.start, offset + hi - s.start
-                if r == self.rank:
-                    buf[b0:b1].copy_(source[lo - ps : hi - ps])
-                runs.setdefault(r, [b0, b1])[1] = b1
-            offset += s.numel
-        if self.dp == 1:
-            return buf, []
-        pg = self.process_group
-        self.gather_calls += len(runs)
-        self.gathered_numel += offset
-        works = [
-            dist.broadcast(buf[b0:b1], src=global_rank(pg, r), group=pg, async_op=True)
-            for r, (b0, b1) in sorted(runs.items())
-        ]
-        return buf, works
+        pg, works = self.process_group, []
+        for r, lo, hi in layout.owners(s.start, s.end):
+            piece = out[lo - s.start : hi - s.start]
+            if r == self.rank:
+                piece.copy_(source[lo - ps : hi - ps])
+            if self.dp > 1:
+                works.append(dist.broadcast(piece, src=global_rank(pg, r), group=pg, async_op=True))
+                self.gather_calls += 1
+        if self.dp > 1:
+            self.gathered_numel += s.numel
+        return works
 
     def release(self, slots: Iterable[ParamSlot]) -> None:
         """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
@@ -212,6 +213,8 @@ class PartitionedParams:
             if s.gathered and not s.persistent and s.fwd_users == 0 and not s.bwd_hold and s.pins == 0:
                 self.settle([s])  # a broadcast still writing into the buffer must finish first
                 s.param.data = torch.empty(0, dtype=s.param.dtype, device=s.param.device)
+                if s.home is not None:  # frees it for the views autograd saved of it too
+                    s.home.untyped_storage().resize_(0)
                 s.gathered = False
                 self.live_numel -= s.numel
 

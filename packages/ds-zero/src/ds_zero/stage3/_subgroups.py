@@ -5,13 +5,32 @@ optimizer's param group holds those views. A step gives one sub-group at a time 
 calls the inner optimizer (the others have no gradient, so it skips them): the fp32 gradient copy and the
 optimizer's temporaries never exceed one sub-group. Optimizer state is kept per view; ``state_of`` and
 ``load_state`` show it as one tensor per group (the checkpoint format does not depend on the cut).
+
+For an element-wise optimizer (ZeRO's tested ones, or one marked ``ds_zero_elementwise``) the views are
+at most ``STEP_PIECE`` elements whatever ``sub_group_size`` says: torch's optimizers allocate
+temporaries the size of the tensor they update (AdamW's ``exp_avg_sq.sqrt() / c`` is two of them), so
+one view of a whole partition made the step's peak two partitions above the steady state. Cutting
+changes nothing an element-wise update computes; for any other optimizer the cut is ``sub_group_size``'s
+alone (its per-tensor quantities, e.g. LAMB's trust ratio, are per sub-group, as in DeepSpeed).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["SubGroups"]
+from .._options import TESTED_OPTIMIZERS
+
+__all__ = ["STEP_PIECE", "SubGroups", "view_size"]
+
+STEP_PIECE = 1 << 22  # elements per view of an element-wise optimizer (16 MiB in fp32)
+
+
+def view_size(optimizer: torch.optim.Optimizer, sub_group_size: int) -> int:
+    """Elements per view the inner optimizer updates: ``sub_group_size``, capped when element-wise."""
+    elementwise = type(optimizer).__name__ in TESTED_OPTIMIZERS or getattr(
+        optimizer, "ds_zero_elementwise", False
+    )
+    return min(sub_group_size, STEP_PIECE) if elementwise else sub_group_size
 
 
 class SubGroups:

@@ -1,0 +1,66 @@
+"""Stage 3 hands freed heap back to the OS after wrapping and after each step (``ds_zero.stage3._heap``)."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import _stage3_workers as w
+import pytest
+import torch
+from ds_zero import ZeroStage3Optimizer
+from ds_zero.stage3 import Stage3Options, _heap
+
+pytestmark = pytest.mark.skipif(
+    platform.system() != "Linux" or _heap._trim is None, reason="glibc's malloc_trim and /proc: Linux only"
+)
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise KeyError("VmRSS")
+
+
+def _retained_heap_mb() -> tuple[float, torch.Tensor]:
+    """Free ~80 MiB of heap that glibc keeps resident: 2 MiB blocks (on the heap once a 24 MiB block was
+    freed, which raises the mmap threshold), all freed but the last, which pins the heap's top."""
+    big = torch.ones(6 << 20)  # 24 MiB: mmapped; freeing it raises the threshold above 2 MiB
+    del big
+    blocks = [torch.ones(512 << 10) for _ in range(41)]  # 2 MiB each, written: resident
+    last = blocks.pop()
+    before = _rss_mb()
+    del blocks
+    return before - _rss_mb(), last
+
+
+def test_release_freed_heap_returns_it_to_the_os(monkeypatch):
+    dropped_by_free, pin = _retained_heap_mb()
+    assert dropped_by_free < 40, "the setup must leave freed heap resident (else it tests nothing)"
+    before = _rss_mb()
+    assert _heap.release_freed_heap()
+    assert before - _rss_mb() > 60, "malloc_trim(0) hands the freed heap back"
+    del pin
+
+    monkeypatch.setenv("DS_ZERO_MALLOC_TRIM", "0")
+    _, pin = _retained_heap_mb()
+    before = _rss_mb()
+    assert not _heap.release_freed_heap()
+    assert before - _rss_mb() < 40, "DS_ZERO_MALLOC_TRIM=0 leaves the heap alone"
+
+
+def test_the_optimizer_trims_after_wrapping_and_after_each_step():
+    import torch.distributed as dist
+    from rank_testing import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        model = w.Net()
+        before = _heap.trims
+        zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters()), Stage3Options())
+        assert _heap.trims == before + 1
+        w.train(model, zero, 0, 1, 2, 1)
+        assert _heap.trims == before + 3
+    finally:  # later test files make their own group
+        dist.destroy_process_group()
