@@ -29,13 +29,14 @@ def fused_kernel_supported(tensors: Iterable[torch.Tensor]) -> bool:
     return all(t.device.type in FUSED_DEVICE_TYPES and t.is_floating_point() for t in tensors)
 
 
-def prefer_fused_kernel(optimizer: object, log: logging.Logger = logger) -> bool:
+def prefer_fused_kernel(optimizer: object, log: logging.Logger | None = logger) -> bool:
     """Switch a torch ``Adam``/``AdamW`` whose ``fused`` and ``foreach`` were left at None to ``fused=True``.
 
     Only the exact torch classes are switched (a subclass may rely on the path it was written for), only
     groups whose every parameter the fused kernel takes, and never a differentiable one. Call it after
     the optimizer's groups point at the tensors that will be stepped. Returns True when any group was
-    switched; says so once per process in ``log`` (INFO; the engine passes its own logger).
+    switched; says so once per process in ``log`` (INFO; the engine passes its own logger on rank 0 and
+    None, silence, on the others).
     """
     global _logged
     if type(optimizer) not in _ADAM_TYPES:
@@ -48,7 +49,7 @@ def prefer_fused_kernel(optimizer: object, log: logging.Logger = logger) -> bool
             continue
         group["fused"] = True
         switched = True
-    if switched and not _logged:
+    if switched and log is not None and not _logged:
         _logged = True
         log.info(
             "%s: running the update on torch's fused kernel (fused=True) instead of torch's default "
