@@ -1,14 +1,21 @@
 #!/usr/bin/env python
-"""gloo: time all_reduce, one reduce per owner, and reduce_scatter_tensor for the same bucket (fp32).
+"""gloo: time each ZeRO collective against the alternatives with the same result, at several bucket sizes.
 
-The three give each rank the sum of its slice (all_reduce gives more); ZeRO's reduce_scatter path picks
-the one that measures fastest here. Median of 5 timed runs after 2 warm-ups, rank 0.
+Reduce-scatter semantics (each rank ends with the sum of its own slice): ``reduce_scatter_tensor``, one
+``reduce`` per owner, and ``all_reduce`` of the whole bucket (the rank then keeps its slice).
+All-gather semantics (every rank ends with every rank's slice): ``all_gather_into_tensor``, ``all_gather``
+into a list of views (what ZeRO used), and ``all_reduce`` of a buffer filled with -0.0 and this rank's slice
+written in (x + -0.0 == x bit for bit, for every x, +0.0 included); the fill is timed with it.
+ds_zero/_comm.py chooses per backend from these figures. fp32, median of 11 timed runs after 2 warm-ups,
+each run as long as its slowest rank (rank 0 reports after a barrier).
 
-    .venv/bin/python tools/bench_zero_collectives.py [WORLD]
+    .venv/bin/python tools/bench_zero_collectives.py --world 2,4 --json bench_zero_collectives.json
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
 import time
@@ -19,48 +26,79 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testing"))
 
+SIZES_MIB = (1, 4, 16, 64)
+REPS = 11  # timed runs per figure (after 2 warm-ups): the machine is shared, so take many
+REDUCE = ("reduce_scatter_tensor", "reduce per owner", "all_reduce")
+GATHER = ("all_gather_into_tensor", "all_gather (list of views)", "all_reduce of a -0.0-filled buffer")
+
 
 def _time(fn) -> float:
     times = []
-    for _ in range(7):
+    for _ in range(REPS + 2):
         dist.barrier()
         t0 = time.perf_counter()
         fn()
+        dist.barrier()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[2:]) * 1e3
 
 
-def _work(rank: int, world: int) -> dict:
-    out = {}
-    for elems in (1 << 18, 1 << 20, 1 << 22, 1 << 24):
-        t = torch.randn(elems)
-        part = elems // world
+def _candidates(rank: int, world: int, elems: int) -> dict:
+    part = elems // world
+    full = torch.randn(part * world)
+    out = torch.empty(part)
+    mine = torch.randn(part)
+    views = list(full.chunk(world))
 
-        def per_owner(t: torch.Tensor = t, part: int = part) -> None:
-            works = [dist.reduce(t[r * part : (r + 1) * part], dst=r, async_op=True) for r in range(world)]
-            for w in works:
-                w.wait()
+    def per_owner() -> None:
+        works = [dist.reduce(views[r], dst=r, async_op=True) for r in range(world)]
+        for w in works:
+            w.wait()
 
-        out[elems] = {
-            "all_reduce": _time(lambda t=t: dist.all_reduce(t)),
-            "reduce_per_owner": _time(per_owner),
-            "reduce_scatter_tensor": _time(
-                lambda t=t, part=part: dist.reduce_scatter_tensor(torch.empty(part), t)
-            ),
-        }
-    return out
+    def gather_by_all_reduce() -> None:
+        full.fill_(-0.0)
+        views[rank].copy_(mine)
+        dist.all_reduce(full)
+
+    return {
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(out, full),
+        "reduce per owner": per_owner,
+        "all_reduce": lambda: dist.all_reduce(full),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(full, mine),
+        "all_gather (list of views)": lambda: dist.all_gather(views, mine),
+        "all_reduce of a -0.0-filled buffer": gather_by_all_reduce,
+    }
+
+
+def _work(rank: int, world: int, sizes_mib: list[int]) -> dict:
+    return {
+        mib: {name: _time(fn) for name, fn in _candidates(rank, world, mib * 2**20 // 4).items()}
+        for mib in sizes_mib
+    }
 
 
 def main() -> None:
     from rank_testing import spawn
 
-    world = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    res = spawn(_work, world, timeout_s=900)[0]
-    print("| world | bucket | all_reduce ms | reduce per owner ms | reduce_scatter_tensor ms |")
-    print("|---|---|---|---|---|")
-    for elems, r in res.items():
-        row = " | ".join(f"{r[k]:.1f}" for k in ("all_reduce", "reduce_per_owner", "reduce_scatter_tensor"))
-        print(f"| {world} | {elems * 4 // 2**20 or elems * 4 / 2**20} MiB | {row} |")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", default="2,4", help="comma-separated world sizes")
+    parser.add_argument("--sizes", default=",".join(map(str, SIZES_MIB)), help="bucket sizes in MiB")
+    parser.add_argument("--json", default="bench_zero_collectives.json", help="where to write the figures")
+    args = parser.parse_args()
+    report = {"backend": "gloo", "dtype": "fp32", "torch": torch.__version__, "results": []}
+    for world in (int(w) for w in args.world.split(",")):
+        res = spawn(_work, world, [int(m) for m in args.sizes.split(",")], timeout_s=1800)[0]
+        for names, what in ((REDUCE, "reduce-scatter"), (GATHER, "all-gather")):
+            print(f"\n{what} semantics, gloo, {world} ranks, ms (fastest in bold)\n")
+            print("| bucket | " + " | ".join(names) + " |")
+            print("|---|" + "---|" * len(names))
+            for mib, r in res.items():
+                best = min(names, key=lambda n: r[n])
+                cells = [f"**{r[n]:.1f}**" if n == best else f"{r[n]:.1f}" for n in names]
+                print(f"| {mib} MiB | " + " | ".join(cells) + " |")
+        report["results"] += [{"world": world, "mib": mib, "ms": r} for mib, r in res.items()]
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    print(f"\nevery figure in {args.json}")
 
 
 if __name__ == "__main__":

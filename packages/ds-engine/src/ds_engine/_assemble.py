@@ -116,6 +116,10 @@ def assemble(
             model if targets is None else targets, cfg, process_group=dp_group
         )
 
+    # 4b. Only now do the optimizer's groups hold the tensors it steps (fp32 masters, ZeRO partitions):
+    # a client Adam/AdamW that left the kernel to torch runs on the fused one where those tensors allow.
+    ds_optim.prefer_fused_kernel(basic, logger if topology.rank == 0 else None)  # said once, by rank 0
+
     # 5. The LR schedule steps the *wrapped* optimizer's groups (those are the ones that update weights).
     scheduler = _build_scheduler(cfg, wrapped, lr_scheduler)
 

@@ -13,6 +13,7 @@ from ds_optim._build import (
 )
 from ds_optim._config_fields import CONFIG_FIELDS
 from ds_optim._cpu_adam import CPUAdam
+from ds_optim._fused import prefer_fused_kernel
 from ds_optim._lamb import Lamb
 from ds_optim._onebit import OneBitAdam
 from ds_optim._schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
@@ -33,5 +34,6 @@ __all__ = [
     "build_optimizer",
     "build_scheduler",
     "optimizer_from_config",
+    "prefer_fused_kernel",
     "scheduler_from_config",
 ]

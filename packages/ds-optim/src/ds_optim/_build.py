@@ -10,6 +10,7 @@ import torch
 from ds_config import OptimizerConfig, SchedulerConfig
 
 from ds_optim._cpu_adam import CPUAdam
+from ds_optim._fused import fused_kernel_supported
 from ds_optim._lamb import Lamb
 from ds_optim._onebit import OneBitAdam
 from ds_optim._schedules import LRRangeTest, OneCycle, WarmupCosineLR, WarmupDecayLR, WarmupLR
@@ -97,8 +98,12 @@ def _build_adam(params: list[Any], opts: dict[str, Any], adamw_type: bool, cpu_o
     cls = torch.optim.AdamW if decoupled else torch.optim.Adam
     _check_kwargs(cls, opts, "Adam", "optimizer", skip=2)
     tensors = _all_tensors(params)
-    fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in tensors)
-    if fused and not opts.get("amsgrad", False) and "foreach" not in opts and "fused" not in opts:
+    if (
+        fused_kernel_supported(tensors)
+        and not opts.get("amsgrad", False)
+        and "foreach" not in opts
+        and "fused" not in opts
+    ):
         opts["fused"] = True
     elif "fused" not in opts:
         opts.setdefault("foreach", True)

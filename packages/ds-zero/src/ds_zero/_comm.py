@@ -1,4 +1,5 @@
-"""Collective helpers shared by stage 0 and ZeRO: averaging rule, bucket planning, rank mapping."""
+"""Collective helpers shared by stage 0 and ZeRO: averaging rule, bucket planning, rank mapping, and the
+choice of collective per backend (the one place that chooses)."""
 
 from __future__ import annotations
 
@@ -87,19 +88,82 @@ def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
     return dist.get_global_rank(group, rank_in_group)
 
 
+# The one place that chooses ZeRO's collectives per backend: backend -> bucket bytes from which an
+# all_reduce (same result) replaces the native collective. Measured with tools/bench_zero_collectives.py
+# (gloo, fp32; docs/benchmarks/ds-zero.md): gloo's all_gather is slower than an all_reduce of a full
+# buffer for large buckets only; one reduce per owner moves half the bytes of an all_reduce at 2 ranks
+# and measured faster from 4 MiB up, so no backend's reduce-scatter is replaced. nccl (and any backend
+# not listed) keeps its native collectives.
+REDUCE_SCATTER_BY_ALL_REDUCE: dict[str, int] = {}
+ALL_GATHER_BY_ALL_REDUCE: dict[str, int] = {"gloo": 32 * 2**20}
+
+
+def by_all_reduce(table: dict[str, int], group: ProcessGroup | None, nbytes: int) -> bool:
+    """Does ``table`` (one of the two above) say to use an all_reduce for ``nbytes`` on ``group``'s backend?"""
+    threshold = table.get(str(dist.get_backend(group)))
+    return threshold is not None and nbytes >= threshold
+
+
 def reduce_to_owners(
     buf: torch.Tensor, layout: GroupLayout, start: int, end: int, group: ProcessGroup | None
 ) -> list:
     """Sum ``buf`` (the flat range ``[start, end)`` of ``layout``) across ranks, each slice to its owner.
 
-    One async ``reduce`` per owner (ZeRO 2 and ZeRO 3): on gloo this measured faster than
-    ``reduce_scatter_tensor`` (which also needs equal, padded chunks) at every bucket size, and faster
-    than an all-reduce from 4 MiB up (docs/benchmarks/ds-zero.md). Returns the works to wait for.
+    Only the owner's slice is meaningful afterwards (the rest of ``buf`` may hold anything). Where
+    ``REDUCE_SCATTER_BY_ALL_REDUCE`` says so, one all_reduce of the whole bucket (which every rank
+    already holds, so it costs no memory); else one async ``reduce`` per owner (owner ranges are
+    unequal, which ``reduce_scatter_tensor`` does not take). Returns the works to wait for.
     """
+    if by_all_reduce(REDUCE_SCATTER_BY_ALL_REDUCE, group, buf.numel() * buf.element_size()):
+        return [dist.all_reduce(buf, group=group, async_op=True)]
     return [
         dist.reduce(buf[lo - start : hi - start], dst=global_rank(group, r), group=group, async_op=True)
         for r, lo, hi in layout.owners(start, end)
     ]
+
+
+def all_gather_views(views: Sequence[torch.Tensor], rank: int, group: ProcessGroup | None) -> None:
+    """Fill ``views[r]`` on every rank with rank ``r``'s ``views[r]`` (equal sizes, one dtype).
+
+    Where ``ALL_GATHER_BY_ALL_REDUCE`` says so: an all_reduce (SUM) of a buffer holding this rank's
+    slice and -0.0 everywhere else. Exact bit for bit: ``x + -0.0 == x`` for every x, +0.0 included
+    (``+0.0`` would turn a -0.0 weight into +0.0). When the views lie back to back in one tensor (a
+    gather bucket covering whole partitions) that tensor is the buffer, so nothing is copied.
+    """
+    nbytes = sum(v.numel() for v in views) * views[rank].element_size()
+    if not by_all_reduce(ALL_GATHER_BY_ALL_REDUCE, group, nbytes):
+        dist.all_gather(list(views), views[rank].clone(), group=group)
+        return
+    span = _back_to_back(views)
+    if span is not None:
+        for r, v in enumerate(views):
+            if r != rank:
+                v.fill_(-0.0)
+        dist.all_reduce(span, group=group)
+        return
+    n = views[rank].numel()
+    buf = torch.full((len(views) * n,), -0.0, dtype=views[rank].dtype, device=views[rank].device)
+    buf[rank * n : (rank + 1) * n].copy_(views[rank].reshape(-1))
+    dist.all_reduce(buf, group=group)
+    for r, v in enumerate(views):
+        if r != rank:
+            v.copy_(buf[r * n : (r + 1) * n].view_as(v))
+
+
+def _back_to_back(views: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The 1-D tensor the contiguous ``views`` tile in order, or None when they do not."""
+    first = views[0]
+    if not all(v.dim() == 1 and v.is_contiguous() and v.dtype == first.dtype for v in views):
+        return None
+    size = first.element_size()
+    for a, b in zip(views, views[1:]):
+        if b.data_ptr() != a.data_ptr() + a.numel() * size or b.untyped_storage().data_ptr() != (
+            first.untyped_storage().data_ptr()
+        ):
+            return None
+    offset = first.storage_offset()
+    total = sum(v.numel() for v in views)
+    return first.as_strided((total,), (1,), offset)
 
 
 def flatten(

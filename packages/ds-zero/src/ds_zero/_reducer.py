@@ -144,13 +144,19 @@ class GradientReducer:
         b.work.wait()
         if self._stream is not None:
             torch.cuda.current_stream(b.flat.device).wait_stream(self._stream)
-        self.rule.after(b.flat)
+        factor = self.rule.after_factor()
+        if factor != 1.0 and b.flat.dtype != b.params[0].dtype:  # fp32_allreduce: scale in fp32, then cast
+            b.flat.mul_(factor)
+            factor = 1.0
         offset = 0
         for p in b.params:
             n = p.numel()
             chunk = b.flat[offset : offset + n].view_as(p)
             if p.grad is None:
-                p.grad = chunk.to(p.dtype).clone()
+                p.grad = torch.empty_like(p)
+            # the averaging multiply and the copy back into .grad in one pass over the bucket
+            if factor != 1.0:
+                torch.mul(chunk, factor, out=p.grad)
             else:
                 p.grad.copy_(chunk)
             offset += n

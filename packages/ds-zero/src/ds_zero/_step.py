@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ._comm import ProcessGroup, global_rank
+from ._comm import ProcessGroup, all_gather_views, global_rank
 from ._partition import FlatGroup
 from ._protocol import LossScalerProtocol
 
@@ -121,7 +121,7 @@ def gather_partitions(
         k1 = min(part, k0 + chunk)
         views = [g.flat[r * part + k0 : r * part + k1] for r in range(dp)]
         if use_all_gather:
-            dist.all_gather(views, views[rank].clone(), group=group)
+            all_gather_views(views, rank, group)
         else:
             works = [
                 dist.broadcast(views[r], src=global_rank(group, r), group=group, async_op=True)
