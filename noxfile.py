@@ -13,7 +13,11 @@ TORCH = "torch==2.13.0"  # the test environments' torch; the packages themselves
 # Machines of this project keep the CPU build of that torch on disk; installing the file itself keeps uv
 # from choosing a multi-GB CUDA build from the index.
 LOCAL_TORCH_WHEELS = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "numpy"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis>=6", "numpy"]
+# Package and kernel suites are mostly one-process tests: two pytest workers keep both CI cores busy.
+# loadgroup sends each test to the next free worker, except a file marked xdist_group (its tests share one
+# module-scoped multi-rank run, which must not be run again by the other worker).
+PARALLEL = ["-n", "2", "--dist", "loadgroup"]
 # package -> (its internal dependencies, extras its tests exercise)
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-config": ([], []),
@@ -69,6 +73,7 @@ def package_tests(session: nox.Session, package: str) -> None:
         "pytest",
         f"packages/{package}/tests",
         "-q",
+        *PARALLEL,
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-p",
         "no:cacheprovider",
@@ -86,6 +91,7 @@ def kernels(session: nox.Session) -> None:
         "pytest",
         "kernels",
         "-q",
+        *PARALLEL,
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,
         env={"NUMBA_ENABLE_CUDASIM": "0" if _gpu_count() else "1"},
