@@ -15,9 +15,10 @@ TORCH = "torch==2.13.0"  # the test environments' torch; the packages themselves
 LOCAL_TORCH_WHEELS = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
 TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis>=6", "numpy"]
 # Package and kernel suites are mostly one-process tests: two pytest workers keep both CI cores busy.
-# loadgroup sends each test to the next free worker, except a file marked xdist_group (its tests share one
-# module-scoped multi-rank run, which must not be run again by the other worker).
-PARALLEL = ["-n", "2", "--dist", "loadgroup"]
+# Package suites go file by file (loadfile): several files share one module-scoped multi-rank run among
+# their tests, which a worker would repeat if the file were split (xdist 3.8's loadgroup does not group
+# under pytest 9). The kernels are one file of independent tests: test by test.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
 # package -> (its internal dependencies, extras its tests exercise)
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-config": ([], []),
@@ -91,7 +92,8 @@ def kernels(session: nox.Session) -> None:
         "pytest",
         "kernels",
         "-q",
-        *PARALLEL,
+        "-n",
+        "2",
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,
         env={"NUMBA_ENABLE_CUDASIM": "0" if _gpu_count() else "1"},

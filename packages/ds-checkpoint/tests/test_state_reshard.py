@@ -11,9 +11,6 @@ from _sharded import GROUPS, STATES, adam_step, full_state, grad_for, partition,
 from ds_checkpoint import TagValidationError, load_state, save_state
 from rank_testing import spawn
 
-# the tests share one module-scoped multi-rank run: keep them on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("test_state_reshard")
-
 SAVE_STEP, TOTAL_STEPS = 3, 5
 
 

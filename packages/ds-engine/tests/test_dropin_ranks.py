@@ -9,9 +9,6 @@ import pytest
 import torch
 from rank_testing import spawn
 
-# the tests share one module-scoped multi-rank run: keep them on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("test_dropin_ranks")
-
 CFG = {"train_batch_size": 4, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
 
 

@@ -7,9 +7,6 @@ import torch
 from ds_precision import DynamicLossScaler, MixedPrecisionOptimizer
 from rank_testing import spawn
 
-# the tests share one module-scoped multi-rank run: keep them on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("test_distributed")
-
 
 def _run_rank(rank, world_size, overflow_steps_on_rank1):
     torch.manual_seed(0)

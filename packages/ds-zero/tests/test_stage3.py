@@ -12,9 +12,6 @@ from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from rank_testing import spawn
 
-# the tests share one module-scoped multi-rank run: keep them on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("test_stage3")
-
 FP32_TOL = 2e-6
 
 

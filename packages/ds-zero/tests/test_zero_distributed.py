@@ -11,9 +11,6 @@ import pytest
 import torch
 from rank_testing import spawn
 
-# the tests share one module-scoped multi-rank run: keep them on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("test_zero_distributed")
-
 FP32_TOL = 2e-6
 ROUNDTRIP_CFG = {"stage": 2, "reduce_bucket_size": 30, "clip": 0.1, "scaler": True, "optim": "adam"}
 

@@ -7,9 +7,6 @@ import pytest
 import torch
 from rank_testing import spawn
 
-# the tests share one module-scoped multi-rank run: keep them on one pytest-xdist worker
-pytestmark = pytest.mark.xdist_group("test_zero_option_effects")
-
 
 @pytest.fixture(scope="module")
 def runs() -> list[dict]:
