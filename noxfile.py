@@ -13,7 +13,12 @@ TORCH = "torch==2.13.0"  # the test environments' torch; the packages themselves
 # Machines of this project keep the CPU build of that torch on disk; installing the file itself keeps uv
 # from choosing a multi-GB CUDA build from the index.
 LOCAL_TORCH_WHEELS = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
-TEST_DEPS = ["pytest>=8", "pytest-timeout", "hypothesis>=6", "numpy"]
+TEST_DEPS = ["pytest>=8", "pytest-timeout", "pytest-xdist", "hypothesis>=6", "numpy"]
+# Package and kernel suites are mostly one-process tests: two pytest workers keep both CI cores busy.
+# Package suites go file by file (loadfile): several files share one module-scoped multi-rank run among
+# their tests, which a worker would repeat if the file were split (xdist 3.8's loadgroup does not group
+# under pytest 9). The kernels are one file of independent tests: test by test.
+PARALLEL = ["-n", "2", "--dist", "loadfile"]
 # package -> (its internal dependencies, extras its tests exercise)
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-config": ([], []),
@@ -69,6 +74,7 @@ def package_tests(session: nox.Session, package: str) -> None:
         "pytest",
         f"packages/{package}/tests",
         "-q",
+        *PARALLEL,
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-p",
         "no:cacheprovider",
@@ -86,6 +92,8 @@ def kernels(session: nox.Session) -> None:
         "pytest",
         "kernels",
         "-q",
+        "-n",
+        "2",
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,
         env={"NUMBA_ENABLE_CUDASIM": "0" if _gpu_count() else "1"},

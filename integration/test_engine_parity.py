@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERE, launch
+from conftest import HERE, launch, world_size
 
 SCRIPT = HERE / "scripts" / "engine_parity.py"
 # relative tolerance on the global loss, against plain fp32 torch on one process
@@ -20,6 +20,17 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 3e-3}
 # between stages / accumulation settings of the same precision, at the same world size
 SAME_PRECISION_TOLERANCE = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}  # bf16 eps is 7.8e-3
 N_CONFIGS = 29  # stages 0-3 x 3 precisions x 2 accumulations, + 5 variants
+# resumed from step 3: at their own stage (saved at 2 ranks, resumed at this world size), and stage 2 <->
+# stage 3 (saved at this world size, resumed at 2 ranks)
+RESUME_CONFIGS = [
+    "stage0-fp32-gas1",
+    "stage1-fp32-gas4",
+    "stage2-fp32-gas1",
+    "stage2-bf16-gas4",
+    "stage3-fp32-gas1",
+    "stage3-bf16-gas4",
+]
+CROSS_STAGE = [("stage3", "stage2"), ("stage2", "stage3")]
 
 
 def _losses(path: Path) -> dict[str, list[float]]:
@@ -40,9 +51,13 @@ def reference(tmp_path_factory) -> dict[str, list[float]]:
 
 @pytest.fixture(scope="module")
 def engine_run(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("engine") / "engine.json"
-    launch("engine_parity.py", str(out))
-    return json.loads(out.read_text())
+    """Every config at this world size, in one launch; the resume configs save a checkpoint at step 3."""
+    out = tmp_path_factory.mktemp("engine")
+    save_for = [a for name in RESUME_CONFIGS for a in ("--save-for", name)]
+    launch(
+        "engine_parity.py", str(out / "engine.json"), "--save", str(out / "ckpt"), "--save-at", "3", *save_for
+    )
+    return {**json.loads((out / "engine.json").read_text()), "ckpt": out / "ckpt"}
 
 
 @pytest.fixture(scope="module")
@@ -96,64 +111,45 @@ def test_stages_and_accumulation_agree(engine_losses):
     assert not failures, "\n".join(failures)
 
 
-RESUME_CONFIGS = [
-    "stage0-fp32-gas1",
-    "stage1-fp32-gas4",
-    "stage2-fp32-gas1",
-    "stage2-bf16-gas4",
-    "stage3-fp32-gas1",
-    "stage3-bf16-gas4",
-]
+@pytest.fixture(scope="module")
+def resumed(engine_run, tmp_path_factory) -> dict[str, list[float]]:
+    """Steps 3-5 of each resume, keyed ``NAME<-SAVED`` (see engine_parity.py), from at most two launches.
+
+    The 2-rank checkpoints are the main run's in the 2-rank session, and a 3-step 2-rank run's elsewhere;
+    both resumes are one launch at 2 ranks.
+    """
+    tmp, ws = tmp_path_factory.mktemp("resume"), world_size()
+    two_rank_ckpt = engine_run["ckpt"]
+    if ws != 2:
+        two_rank_ckpt = tmp / "ckpt2"
+        only = [a for name in RESUME_CONFIGS for a in ("--only", name)]
+        launch("engine_parity.py", str(tmp / "save2.json"), *only, "--save", str(two_rank_ckpt),
+               "--save-at", "3", "--steps", "3", num_procs=2)  # fmt: skip
+    same = [a for name in RESUME_CONFIGS for a in ("--resume", f"{name}:{name}")]
+    cross = [a for saved, other in CROSS_STAGE for a in ("--resume", f"{other}-fp32-gas1:{saved}-fp32-gas1")]
+    resume = ["--start", "3", "--steps", "3"]
+    if ws == 2:
+        launch("engine_parity.py", str(tmp / "r.json"), "--load", str(two_rank_ckpt), *same, *cross, *resume)
+        return _losses(tmp / "r.json")
+    launch("engine_parity.py", str(tmp / "same.json"), "--load", str(two_rank_ckpt), *same, *resume)
+    launch("engine_parity.py", str(tmp / "cross.json"), "--load", str(engine_run["ckpt"]), *cross, *resume,
+           num_procs=2)  # fmt: skip
+    return {**_losses(tmp / "same.json"), **_losses(tmp / "cross.json")}
 
 
-def test_save_at_two_ranks_resume_at_this_world_size(tmp_path, ws):
-    only = [a for name in RESUME_CONFIGS for a in ("--only", name)]
-    full = tmp_path / "full.json"
-    launch(
-        "engine_parity.py", str(full), *only, "--save", str(tmp_path / "ckpt"), "--save-at", "3", num_procs=2
-    )
-    resumed = tmp_path / "resumed.json"
-    launch(
-        "engine_parity.py",
-        str(resumed),
-        *only,
-        "--load",
-        str(tmp_path / "ckpt"),
-        "--start",
-        "3",
-        "--steps",
-        "3",
-    )
-    uninterrupted, after = _losses(full), _losses(resumed)
+def test_save_at_two_ranks_resume_at_this_world_size(engine_losses, resumed, ws):
     for name in RESUME_CONFIGS:
         tol = 1e-5 if "fp32" in name else 1e-3
-        err = _max_rel(after[name], uninterrupted[name][3:])
-        assert err <= tol, f"{name} resumed at {ws} ranks: {after[name]} vs {uninterrupted[name][3:]}"
+        after, uninterrupted = resumed[f"{name}<-{name}"], engine_losses[name][3:]
+        err = _max_rel(after, uninterrupted)
+        assert err <= tol, f"{name} saved at 2 ranks, resumed at {ws}: {after} vs {uninterrupted}"
 
 
-@pytest.mark.parametrize(("saved", "resumed"), [("stage3", "stage2"), ("stage2", "stage3")])
-def test_resume_at_another_stage_and_world_size(tmp_path, ws, saved, resumed):
+@pytest.mark.parametrize(("saved", "resumed_as"), CROSS_STAGE)
+def test_resume_at_another_stage_and_world_size(engine_losses, resumed, ws, saved, resumed_as):
     # saved at this world size, resumed at 2 ranks (4 -> 2 in the 4-rank session) under the other stage
-    name, other = f"{saved}-fp32-gas1", f"{resumed}-fp32-gas1"
-    full = tmp_path / "full.json"
-    launch("engine_parity.py", str(full), "--only", name, "--save", str(tmp_path / "ckpt"), "--save-at", "3")
-    after = tmp_path / "after.json"
-    launch(
-        "engine_parity.py",
-        str(after),
-        "--only",
-        other,
-        "--load",
-        str(tmp_path / "ckpt"),
-        "--load-name",
-        name,
-        "--start",
-        "3",
-        "--steps",
-        "3",
-        num_procs=2,
-    )
-    err = _max_rel(_losses(after)[other], _losses(full)[name][3:])
+    name, other = f"{saved}-fp32-gas1", f"{resumed_as}-fp32-gas1"
+    err = _max_rel(resumed[f"{other}<-{name}"], engine_losses[name][3:])
     assert err <= 1e-5, f"{name} at {ws} ranks -> {other} at 2 ranks: {err:.2e}"
 
 

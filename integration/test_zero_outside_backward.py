@@ -1,7 +1,7 @@
 """Gradients that reach a ZeRO engine's parameters outside its own backward (two-engine GAN, issue 14).
 
 The script always runs on 2 ranks, so these tests run only in the 2-rank session (the others would repeat
-them), and each test's runs share one launch.
+them), and all the tests' runs share one launch (a launch costs more than its runs).
 """
 
 from __future__ import annotations
@@ -16,15 +16,20 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(tmp_path, *runs: str) -> dict:
-    out = tmp_path / "gan.json"
-    launch("gan_two_engines.py", str(out), *runs, num_procs=2)
+MODES = ["zero_grad", "accumulate"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """Every run of this file, keyed ``STAGE:MODE``; the refused ("late") ones last."""
+    out = tmp_path_factory.mktemp("gan") / "gan.json"
+    wanted = [f"{stage}:{mode}" for mode in MODES for stage in (0, 1, 2)] + ["1:late", "2:late"]
+    launch("gan_two_engines.py", str(out), *wanted, num_procs=2)
     return read_json(out)
 
 
-@pytest.mark.parametrize("mode", ["zero_grad", "accumulate"])
-def test_gan_at_stages_1_and_2_trains_like_stage_0(tmp_path, mode):
-    runs = _run(tmp_path, *(f"{stage}:{mode}" for stage in (0, 1, 2)))
+@pytest.mark.parametrize("mode", MODES)
+def test_gan_at_stages_1_and_2_trains_like_stage_0(runs, mode):
     base = runs[f"0:{mode}"]
     assert base["error"] is None
     for stage in (1, 2):
@@ -35,8 +40,7 @@ def test_gan_at_stages_1_and_2_trains_like_stage_0(tmp_path, mode):
             assert torch.allclose(got, torch.tensor(value), atol=1e-5, rtol=1e-5), (stage, mode, key)
 
 
-def test_gradients_after_the_last_backward_are_refused_by_name(tmp_path):
-    runs = _run(tmp_path, "1:late", "2:late")
+def test_gradients_after_the_last_backward_are_refused_by_name(runs):
     for stage in (1, 2):
         run = runs[f"{stage}:late"]
         assert run["error"] is not None and "ZeroConfigError" in run["error"], (stage, run["error"])

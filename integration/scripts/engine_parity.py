@@ -2,7 +2,10 @@
 
 Every rank takes its slice of the same global batch, so any world size (and a single process with a
 ``micro batch * world size`` micro batch) must produce the same losses. Used by test_engine_parity.py.
-Usage: ds-launch --num_procs W engine_parity.py OUT.json [--only NAME] [--save DIR --save-at K] [--load DIR]
+Usage: ds-launch --num_procs W engine_parity.py OUT.json [--only NAME] [--save DIR --save-at K [--save-for NAME]]
+       ds-launch --num_procs W engine_parity.py OUT.json --load DIR --resume NAME:SAVED [--resume ...] --start K
+(``--resume NAME:SAVED`` trains config NAME from the checkpoint config SAVED wrote; its losses are keyed
+``NAME<-SAVED``: one launch resumes several configs, each from its own or another stage's checkpoint.)
 """
 
 from __future__ import annotations
@@ -162,28 +165,35 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--save")
     parser.add_argument("--save-at", type=int)
-    parser.add_argument("--load")
-    parser.add_argument("--load-name", help="load the checkpoint saved under this config (another stage)")
+    parser.add_argument("--save-for", action="append", help="save only these configs (default: every run)")
+    parser.add_argument("--load", help="the --save directory of an earlier run")
+    parser.add_argument("--resume", action="append", default=[], help="NAME:SAVED, with --load")
     parser.add_argument("--reference", action="store_true", help="plain torch, one process, fp32 configs")
     parser.add_argument("--local_rank", type=int, default=-1)
     args = parser.parse_args()
+    steps = range(args.start, args.start + args.steps)
+    all_configs = configs()
     results = {}
     if args.reference:
-        for name, cfg in configs().items():
+        for name, cfg in all_configs.items():
             if "fp32" in name and (not args.only or name in args.only):
-                results[name] = reference(cfg, range(args.start, args.start + args.steps))
+                results[name] = reference(cfg, steps)
         with open(args.out, "w") as f:
             json.dump({"world_size": 1, "losses": results}, f, indent=1)
         return
+    # (result key, config name, checkpoint to load or None, directory to save into or None)
+    jobs = []
+    for spec in args.resume:
+        name, saved = spec.split(":")
+        jobs.append((f"{name}<-{saved}", name, f"{args.load}/{saved}", None))
+    if not args.resume:
+        for name in all_configs:
+            if not args.only or name in args.only:
+                save = args.save and (not args.save_for or name in args.save_for)
+                jobs.append((name, name, None, f"{args.save}/{name}" if save else None))
     divergence = {}
-    for name, cfg in configs().items():
-        if args.only and name not in args.only:
-            continue
-        save = f"{args.save}/{name}" if args.save else None
-        load = f"{args.load}/{args.load_name or name}" if args.load else None
-        results[name], divergence[name] = run(
-            cfg, range(args.start, args.start + args.steps), save, args.save_at, load
-        )
+    for key, name, load, save in jobs:
+        results[key], divergence[key] = run(all_configs[name], steps, save, args.save_at, load)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
             out = {"world_size": dist.get_world_size(), "losses": results, "replica_divergence": divergence}

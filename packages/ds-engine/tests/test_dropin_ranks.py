@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import ds_engine
+import pytest
 import torch
 from rank_testing import spawn
 
@@ -27,8 +30,24 @@ def _grads_after_backward(rank: int, world: int) -> dict[str, list[torch.Tensor]
     return out
 
 
-def test_no_sync_keeps_the_boundary_gradients_local():
-    r0, r1 = spawn(_grads_after_backward, 2)
+def _all_checks(rank: int, world: int, root: str) -> dict:
+    """The three checks below in one pair of ranks: each takes milliseconds, starting two ranks seconds."""
+    return {
+        "grads": _grads_after_backward(rank, world),
+        "own_dir": _save_to_own_dir(rank, world, str(Path(root) / "own")),
+        "same_dir": _save_same(rank, world, str(Path(root) / "same")),
+    }
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory) -> tuple[list[dict], Path]:
+    root = tmp_path_factory.mktemp("ranks")
+    (root / "own").mkdir()
+    return spawn(_all_checks, 2, str(root)), root
+
+
+def test_no_sync_keeps_the_boundary_gradients_local(ranks):
+    r0, r1 = (r["grads"] for r in ranks[0])
     assert not all(torch.equal(a, b) for a, b in zip(r0["no_sync"], r1["no_sync"], strict=True))
     for a, b in zip(r0["synced"], r1["synced"], strict=True):
         assert torch.allclose(a, b)
@@ -38,8 +57,6 @@ def test_no_sync_keeps_the_boundary_gradients_local():
 
 
 def _save_to_own_dir(rank: int, world: int, root: str) -> str:
-    from pathlib import Path
-
     engine, *_ = ds_engine.initialize(model=net(), config=CFG)
     own = Path(root) / f"run-rank{rank}"  # e.g. a per-rank timestamp in the folder name
     try:
@@ -49,8 +66,8 @@ def _save_to_own_dir(rank: int, world: int, root: str) -> str:
     return "saved"
 
 
-def test_ranks_with_different_save_dirs_fail_on_every_rank_before_writing(tmp_path):
-    results = spawn(_save_to_own_dir, 2, str(tmp_path))
+def test_ranks_with_different_save_dirs_fail_on_every_rank_before_writing(ranks):
+    results, tmp_path = [r["own_dir"] for r in ranks[0]], ranks[1] / "own"
     for message in results:
         assert message.startswith("SaveDirMismatchError")
         assert str(tmp_path / "run-rank0") in message and str(tmp_path / "run-rank1") in message
@@ -58,8 +75,8 @@ def test_ranks_with_different_save_dirs_fail_on_every_rank_before_writing(tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
-def test_ranks_agreeing_on_save_dir_still_save(tmp_path):
-    spawn(_save_same, 2, str(tmp_path))
+def test_ranks_agreeing_on_save_dir_still_save(ranks):
+    tmp_path = ranks[1] / "same"
     assert (tmp_path / "latest").read_text().strip() == "global_step0"
     assert sorted(p.name for p in (tmp_path / "global_step0").glob("optim_rank*.json")) == [
         "optim_rank00000.json",

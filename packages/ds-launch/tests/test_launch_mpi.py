@@ -19,7 +19,8 @@ pytestmark = pytest.mark.mpi
 TEST_MPIRUN_ARGS = ["--oversubscribe"]
 
 
-@pytest.mark.parametrize("n", [1, 2, 4])
+# a world of one, and several ranks (4: 2 would take the same path; each mpirun start costs CI seconds)
+@pytest.mark.parametrize("n", [1, 4])
 def test_ranks_under_mpirun_agree_and_all_reduce(tmp_path, n):
     cmd = [
         find_mpirun(),
