@@ -7,7 +7,7 @@ Collectives are observed with a TorchDispatchMode: ``torch.distributed`` calls r
 from __future__ import annotations
 
 import torch
-from ds_zero import GradientReducer, ZeroConfigError, ZeroOptimizer, ZeroOptions
+from ds_zero import GradientReducer, ZeroConfigError, ZeroOptimizer, ZeroOptions, _comm
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -21,12 +21,18 @@ class Collectives(TorchDispatchMode):
         self.bytes = 0
         self.dtypes: set[torch.dtype] = set()
         self.abs_in = 0.0
+        self.sent_storages: set[int] = set()  # storages that point-to-point sends read from
+        self.all_reduced: list[tuple[int, int]] = []  # (storage, numel) of each all_reduce's tensor
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
         if name.startswith("c10d."):
             self.calls[name] = self.calls.get(name, 0) + 1
             first = args[0]
+            if name == "c10d.send":
+                self.sent_storages |= {t.untyped_storage().data_ptr() for t in first}
+            if name == "c10d.allreduce_":
+                self.all_reduced += [(t.untyped_storage().data_ptr(), t.numel()) for t in first]
             tensors = first if isinstance(first, list | tuple) else [first]
             for t in tensors:
                 if isinstance(t, list | tuple):  # all_gather's output is a list of lists
@@ -48,18 +54,26 @@ def _batch(rank: int) -> torch.Tensor:
 
 
 def gather_calls(rank: int, world: int) -> dict:
-    """Collective calls made by step()'s weight gather, with and without allgather_partitions."""
-    out = {}
-    for flag in (True, False):
-        model = _chain()
-        zero = ZeroOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1), ZeroOptions(stage=1, allgather_partitions=flag)
-        )
-        zero.backward(model(_batch(rank)).square().mean())
-        zero._reducer.flush()  # reduce first, so the mode below sees the step's collectives only
-        with Collectives() as seen:
-            zero.step()
-        out[flag] = seen.calls
+    """Collective calls made by step()'s weight gather, with and without allgather_partitions, where the
+    backend's all-gather is the native one (``native``) and as shipped for gloo (broadcasts)."""
+    out: dict = {"native": {}, "shipped": {}}
+    saved = _comm.GATHER_CHOICE
+    for table in ("native", "shipped"):
+        _comm.GATHER_CHOICE = {"gloo": lambda world, nbytes: "all_gather"} if table == "native" else saved
+        try:
+            for flag in (True, False):
+                model = _chain()
+                zero = ZeroOptimizer(
+                    torch.optim.SGD(model.parameters(), lr=0.1),
+                    ZeroOptions(stage=1, allgather_partitions=flag),
+                )
+                zero.backward(model(_batch(rank)).square().mean())
+                zero._reducer.flush()  # reduce first, so the mode below sees the step's collectives only
+                with Collectives() as seen:
+                    zero.step()
+                out[table][flag] = seen.calls
+        finally:
+            _comm.GATHER_CHOICE = saved
     return out
 
 
@@ -121,6 +135,29 @@ def fp32_allreduce_dtypes(rank: int, world: int) -> dict:
     return out
 
 
+def stage0_in_place(rank: int, world: int) -> dict:
+    """Stage 0: which tensors the all-reduces carry for a model with one large and several small
+    gradients, and whether the large one stayed the same tensor, with its average in it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 512), nn.Tanh(), nn.Linear(512, 512), nn.Tanh(), nn.Linear(512, 2))
+    reducer = GradientReducer(model)
+    model(_batch(rank).repeat(1, 2)[:, :8]).square().mean().backward()
+    big = model[2].weight
+    before = big.grad
+    local = {n: p.grad.clone() for n, p in model.named_parameters()}
+    with Collectives() as seen:
+        reducer.reduce()
+    return {
+        "big_numel": big.numel(),
+        "big_storage": before.untyped_storage().data_ptr(),
+        "same_tensor": big.grad is before,
+        "all_reduced": seen.all_reduced,
+        "local": local,
+        "averaged": {n: p.grad.clone() for n, p in model.named_parameters()},
+        "numel": sum(p.numel() for p in model.parameters()),
+    }
+
+
 def sparse_bytes(rank: int, world: int) -> dict:
     """Stage 0: bytes the collectives carry for a 1000-row embedding of which 3 rows are used."""
     out = {}
@@ -165,5 +202,6 @@ def main(rank: int, world: int) -> dict:
         "scaling": scaling_inputs(rank, world),
         "fp32_allreduce": fp32_allreduce_dtypes(rank, world),
         "sparse": sparse_bytes(rank, world),
+        "in_place": stage0_in_place(rank, world),
         "unused": unused_parameters(rank, world),
     }

@@ -1,9 +1,10 @@
 """The per-backend collective choice (ds_zero/_comm.py), observed at 2 real gloo ranks.
 
-Each worker trains the same model twice in one process: with both all_reduce alternatives forced on
-(threshold 0 bytes for gloo) and with the native collectives (reduce per owner, all_gather). The test
-sees which c10d ops ran (a TorchDispatchMode sees every real call) and that the weights are bitwise
-identical. The shipped thresholds are checked through ``by_all_reduce`` on the real gloo group.
+Each worker trains the same model once per method, forced through the choice tables: gathers by
+broadcast per owner, native all_gather and a -0.0 all_reduce; reductions by sending the owners their
+slices, one reduce per owner and one all_reduce. The test sees which c10d ops ran (a TorchDispatchMode
+sees every real call, point-to-point ones included) and that the weights are bitwise identical. The
+shipped choice is checked through ``gather_method`` / ``reduce_method`` on the real gloo group.
 """
 
 from __future__ import annotations
@@ -17,63 +18,76 @@ import torch
 from ds_zero import ZeroOptimizer, ZeroOptions, _comm
 from torch import nn
 
+METHODS = {"chosen": None, "reduce": ("all_gather", "reduce"), "all_reduce": ("all_reduce", "all_reduce")}
+
 
 def _model() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
-def _train(rank: int, stage: int, gather_bucket: int) -> tuple[dict, dict, dict]:
-    """(reduce-phase calls, step-phase calls, weights) after 3 AdamW steps."""
+def _train(rank: int, stage: int, gather_bucket: int, contiguous: bool) -> dict:
+    """The c10d calls, whether every send read a gradient's storage, and the weights after 3 AdamW steps."""
     model = _model()
-    opts = ZeroOptions(stage=stage, reduce_bucket_size=60, allgather_bucket_size=gather_bucket)
+    opts = ZeroOptions(
+        stage=stage,
+        reduce_bucket_size=60,
+        allgather_bucket_size=gather_bucket,
+        contiguous_gradients=contiguous,
+    )
+    grad_storages: set[int] = set()
+    for p in model.parameters():  # registered first, so they run before ZeRO's hooks take the gradients
+        p.register_post_accumulate_grad_hook(lambda q: grad_storages.add(q.grad.untyped_storage().data_ptr()))
     zero = ZeroOptimizer(torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0), opts)
-    reduce_calls: dict = {}
-    step_calls: dict = {}
+    calls: dict = {}
+    sent_from: set[int] = set()
     for i in range(3):
         with e.Collectives() as seen:
             zero.backward(model(e._batch(rank + 7 * i)).square().mean())
-            zero._reducer.flush()
-        for k, v in seen.calls.items():
-            reduce_calls[k] = reduce_calls.get(k, 0) + v
-        with e.Collectives() as seen:
             zero.step()
         for k, v in seen.calls.items():
-            step_calls[k] = step_calls.get(k, 0) + v
-    return reduce_calls, step_calls, {k: v.clone() for k, v in model.state_dict().items()}
+            calls[k] = calls.get(k, 0) + v
+        sent_from |= seen.sent_storages
+    return {
+        "calls": calls,
+        "sent_from_grads": bool(sent_from) and sent_from <= grad_storages,
+        "weights": {k: v.clone() for k, v in model.state_dict().items()},
+    }
 
 
-def _both(rank: int, world: int) -> dict:
-    out = {}
+def _all(rank: int, world: int) -> dict:
+    out: dict = {}
     for stage in (1, 2):
         for gather_bucket in (10_000, 40):  # one gather bucket covering the partitions, or many chunks
-            with _thresholds({"gloo": 0}):
-                chosen = _train(rank, stage, gather_bucket)
-            with _thresholds({}):
-                native = _train(rank, stage, gather_bucket)
-            out[(stage, gather_bucket)] = {"chosen": chosen, "native": native}
-    with _thresholds({"gloo": 0}):
+            for contiguous in (False, True):
+                runs = {}
+                for name, forced in METHODS.items():
+                    with _forced(forced):
+                        runs[name] = _train(rank, stage, gather_bucket, contiguous)
+                out[(stage, gather_bucket, contiguous)] = runs
+    with _forced(("all_reduce", "all_reduce")):
         out["signed_zeros"] = _gather_signed_zeros(rank, world)
     mib = 2**20
     out["shipped"] = {
-        kind: [_comm.by_all_reduce(table, None, n) for n in (mib, 64 * mib)]
-        for kind, table in (
-            ("gather", _comm.ALL_GATHER_BY_ALL_REDUCE),
-            ("reduce", _comm.REDUCE_SCATTER_BY_ALL_REDUCE),
-        )
+        "gather": [_comm.gather_method(None, n) for n in (mib, 64 * mib)],
+        "reduce": [_comm.reduce_method(None, n) for n in (mib, 56 * mib, 57 * mib)],
+        "reduce at 4 ranks": [_comm.REDUCE_CHOICE["gloo"](4, n) for n in (4 * mib, 5 * mib)],
     }
     return out
 
 
 @contextmanager
-def _thresholds(table: dict[str, int]) -> Iterator[None]:
-    """Both choice tables set to ``table`` (the module's own dicts, as _comm reads them)."""
-    saved = (_comm.REDUCE_SCATTER_BY_ALL_REDUCE, _comm.ALL_GATHER_BY_ALL_REDUCE)
-    _comm.REDUCE_SCATTER_BY_ALL_REDUCE, _comm.ALL_GATHER_BY_ALL_REDUCE = dict(table), dict(table)
+def _forced(methods: tuple[str, str] | None) -> Iterator[None]:
+    """Both choice tables answering ``(gather, reduce)`` for gloo (None: the shipped tables)."""
+    saved = (_comm.GATHER_CHOICE, _comm.REDUCE_CHOICE)
+    if methods is not None:
+        gather, reduce = methods
+        _comm.GATHER_CHOICE = {"gloo": lambda world, nbytes: gather}
+        _comm.REDUCE_CHOICE = {"gloo": lambda world, nbytes: reduce}
     try:
         yield
     finally:
-        _comm.REDUCE_SCATTER_BY_ALL_REDUCE, _comm.ALL_GATHER_BY_ALL_REDUCE = saved
+        _comm.GATHER_CHOICE, _comm.REDUCE_CHOICE = saved
 
 
 def _gather_signed_zeros(rank: int, world: int) -> list[torch.Tensor]:
@@ -93,32 +107,52 @@ def _gather_signed_zeros(rank: int, world: int) -> list[torch.Tensor]:
 def runs() -> list[dict]:
     from rank_testing import spawn
 
-    return spawn(_both, 2, timeout_s=600)
+    return spawn(_all, 2, timeout_s=600)
+
+
+def _cases(r: dict):
+    return ((k, v) for k, v in r.items() if not isinstance(k, str))
 
 
 def test_gloo_runs_the_chosen_collectives(runs):
     for r in runs:
-        for (stage, _bucket), res in ((k, v) for k, v in r.items() if not isinstance(k, str)):
-            (red, step, _), (nred, nstep, _) = res["chosen"], res["native"]
-            # the norm's one small all_reduce per step is in the step phase either way
-            assert "c10d.reduce_" not in red and red.get("c10d.allreduce_", 0) >= 3, (stage, red)
-            assert nred.get("c10d.reduce_", 0) >= 3 * 2 and "c10d.allreduce_" not in nred, (stage, nred)
-            assert "c10d.allgather_" not in step and step["c10d.allreduce_"] > 3, (stage, step)
-            assert nstep.get("c10d.allgather_", 0) >= 3 and nstep["c10d.allreduce_"] == 3, (stage, nstep)
+        for key, res in _cases(r):
+            chosen, per_owner, all_reduce = (res[m]["calls"] for m in ("chosen", "reduce", "all_reduce"))
+            # shipped on gloo: slices sent to their owners, weights broadcast by each owner; the norm's
+            # one small all_reduce per step is there whatever the choice
+            assert chosen.get("c10d.send", 0) >= 3 and chosen.get("c10d.recv_", 0) >= 3, key
+            assert chosen.get("c10d.broadcast_", 0) >= 3 * 2 and chosen["c10d.allreduce_"] == 3, key
+            assert not {"c10d.reduce_", "c10d.allgather_"} & set(chosen), key
+            assert per_owner.get("c10d.reduce_", 0) >= 3 * 2 and per_owner.get("c10d.allgather_", 0) >= 3, key
+            assert per_owner["c10d.allreduce_"] == 3 and not {"c10d.send", "c10d.broadcast_"} & set(per_owner)
+            assert all_reduce["c10d.allreduce_"] > 3 * 2, key  # the norm's, the buckets' and the gathers'
+            assert not {"c10d.send", "c10d.reduce_", "c10d.allgather_", "c10d.broadcast_"} & set(all_reduce)
 
 
-def test_results_are_bitwise_identical_to_the_native_collectives(runs):
+def test_sends_go_straight_from_the_gradients_unless_contiguous_gradients_stages_them(runs):
+    """Without contiguous_gradients nothing is flattened: every sent slice is a view of a ``.grad``. With
+    it, stage 2 sends from its staging slots, and stage 1's ``.grad`` are views of its flat buffer."""
     for r in runs:
-        for key, res in ((k, v) for k, v in r.items() if not isinstance(k, str)):
-            chosen, native = res["chosen"][2], res["native"][2]
-            for name, value in chosen.items():
-                assert torch.equal(value, native[name]), (key, name)
-                # bit patterns too: torch.equal treats -0.0 == +0.0
-                assert torch.equal(value.view(torch.int32), native[name].view(torch.int32)), (key, name)
-    # the ranks agree
-    for key in (k for k in runs[0] if not isinstance(k, str)):
-        for name, value in runs[0][key]["chosen"][2].items():
-            assert torch.equal(value, runs[1][key]["chosen"][2][name]), (key, name)
+        for (stage, bucket, contiguous), res in _cases(r):
+            want = not contiguous or stage == 1
+            assert res["chosen"]["sent_from_grads"] is want, (stage, bucket, contiguous)
+
+
+def test_results_are_bitwise_identical_whatever_the_collective(runs):
+    for r in runs:
+        for key, res in _cases(r):
+            want = res["reduce"]["weights"]
+            for method in ("chosen", "all_reduce"):
+                for name, value in res[method]["weights"].items():
+                    # bit patterns: torch.equal treats -0.0 == +0.0
+                    assert torch.equal(value.view(torch.int32), want[name].view(torch.int32)), (
+                        key,
+                        method,
+                        name,
+                    )
+    for key, _ in _cases(runs[0]):  # the ranks agree
+        for name, value in runs[0][key]["chosen"]["weights"].items():
+            assert torch.equal(value, runs[1][key]["chosen"]["weights"][name]), (key, name)
 
 
 def test_the_all_reduce_gather_keeps_every_bit_including_negative_zero(runs):
@@ -131,8 +165,13 @@ def test_the_all_reduce_gather_keeps_every_bit_including_negative_zero(runs):
             assert torch.equal(spaced[r * 8 + 6 : r * 8 + 8], torch.full((2,), 7.0))  # gaps untouched
 
 
-def test_gloo_gathers_large_buckets_by_all_reduce_and_reduces_per_owner(runs):
-    """The shipped choice on gloo (measured): all_reduce for a 64 MiB gather, not a 1 MiB one; no
-    reduce-scatter by all_reduce at any size."""
+def test_the_shipped_gloo_choice(runs):
+    """Measured (docs/benchmarks/ds-zero.md): broadcasts gather at every size; 2 ranks send slices to
+    their owners up to 56 MiB (the receive buffer is bounded), 4 ranks up to 4 MiB, and reduce per
+    owner above."""
     for r in runs:
-        assert r["shipped"] == {"gather": [False, True], "reduce": [False, False]}
+        assert r["shipped"] == {
+            "gather": ["broadcast", "broadcast"],
+            "reduce": ["send", "send", "reduce"],
+            "reduce at 4 ranks": ["send", "reduce"],
+        }

@@ -3,7 +3,7 @@ choice of collective per backend (the one place that chooses)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -88,50 +88,183 @@ def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
     return dist.get_global_rank(group, rank_in_group)
 
 
-# The one place that chooses ZeRO's collectives per backend: backend -> bucket bytes from which an
-# all_reduce (same result) replaces the native collective. Measured with tools/bench_zero_collectives.py
-# (gloo, fp32; docs/benchmarks/ds-zero.md): gloo's all_gather is slower than an all_reduce of a full
-# buffer for large buckets only; one reduce per owner moves half the bytes of an all_reduce at 2 ranks
-# and measured faster from 4 MiB up, so no backend's reduce-scatter is replaced. nccl (and any backend
-# not listed) keeps its native collectives.
-REDUCE_SCATTER_BY_ALL_REDUCE: dict[str, int] = {}
-ALL_GATHER_BY_ALL_REDUCE: dict[str, int] = {"gloo": 32 * 2**20}
+# The one place that chooses ZeRO's collectives per backend: backend -> (world size, bucket bytes) ->
+# method. Measured with tools/bench_zero_collectives.py (gloo, fp32, quiet, two runs; figures in
+# docs/benchmarks/ds-zero.md):
+# - all-gather semantics: one async broadcast per owner beat all_gather, all_gather_into_tensor and an
+#   all_reduce of a -0.0-filled buffer at 4-64 MiB at 2 and 4 ranks (53 MiB: 24.5 and 26.2 ms against
+#   36-77 at 2 ranks; 52.0 and 44.9 against 120-137 at 4), and was within 3 ms of the best at 1 MiB;
+# - reduce-scatter semantics: each rank sending the owners their slices (isend/irecv, the owner adds)
+#   beat reduce_scatter_tensor, one reduce per owner and all_reduce at 2 ranks at 1-53 MiB in both runs
+#   (53 MiB: 20.7 and 22.6 ms against 35-78) but not at 64 MiB (its receive buffer is then 32 MiB); at
+#   4 ranks it won up to 4 MiB, tied at 16 and lost from 53 MiB to one reduce per owner.
+# nccl (and any backend not listed) keeps its native collectives: reduce per owner and all_gather.
+GATHERS = ("all_gather", "broadcast", "all_reduce")
+REDUCES = ("reduce", "send", "all_reduce")
+MIB = 2**20
 
 
-def by_all_reduce(table: dict[str, int], group: ProcessGroup | None, nbytes: int) -> bool:
-    """Does ``table`` (one of the two above) say to use an all_reduce for ``nbytes`` on ``group``'s backend?"""
-    threshold = table.get(str(dist.get_backend(group)))
-    return threshold is not None and nbytes >= threshold
+def _gloo_reduce(world: int, nbytes: int) -> str:
+    return "send" if nbytes <= (56 * MIB if world == 2 else 4 * MIB) else "reduce"
+
+
+GATHER_CHOICE: dict[str, Callable[[int, int], str]] = {"gloo": lambda world, nbytes: "broadcast"}
+REDUCE_CHOICE: dict[str, Callable[[int, int], str]] = {"gloo": _gloo_reduce}
+
+
+def gather_method(group: ProcessGroup | None, nbytes: int) -> str:
+    """How ``all_gather_views`` moves ``nbytes`` on ``group``'s backend (one of ``GATHERS``)."""
+    choose = GATHER_CHOICE.get(str(dist.get_backend(group)))
+    return choose(group_size(group), nbytes) if choose is not None else "all_gather"
+
+
+def reduce_method(group: ProcessGroup | None, nbytes: int) -> str:
+    """How ``reduce_to_owners`` sums a bucket of ``nbytes`` on ``group``'s backend (one of ``REDUCES``)."""
+    choose = REDUCE_CHOICE.get(str(dist.get_backend(group)))
+    return choose(group_size(group), nbytes) if choose is not None else "reduce"
+
+
+Segment = tuple[int, torch.Tensor]  # (offset in the flat space, 1-D tensor of that range)
+
+
+class OwnerReduction:
+    """One bucket summed across ranks, each slice to the rank that owns it (see ``reduce_to_owners``).
+
+    After ``wait()``, ``owned`` holds this rank's summed pieces as ``(flat offset, 1-D tensor)``, in flat
+    order (views of the caller's tensors, summed in place, or of a buffer made for the reduction).
+    """
+
+    def __init__(self, works: list, owned: list[Segment], finish: Callable[[], None] | None = None) -> None:
+        self._works = works
+        self._finish = finish
+        self.owned = owned
+
+    def wait(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works = []
+        if self._finish is not None:
+            self._finish()
+            self._finish = None
+
+
+_next_tag = [0]  # point-to-point tags: every rank makes the same calls in the same order
+
+
+def _tags(n: int) -> int:
+    """The first of ``n`` consecutive tags no message in flight uses."""
+    base = _next_tag[0]
+    _next_tag[0] = (base + n) % (1 << 24)
+    return base if base + n <= 1 << 24 else _tags(n)
 
 
 def reduce_to_owners(
-    buf: torch.Tensor, layout: GroupLayout, start: int, end: int, group: ProcessGroup | None
-) -> list:
-    """Sum ``buf`` (the flat range ``[start, end)`` of ``layout``) across ranks, each slice to its owner.
+    segments: Sequence[Segment],
+    layout: GroupLayout,
+    start: int,
+    end: int,
+    group: ProcessGroup | None,
+    method: str | None = None,
+) -> OwnerReduction:
+    """Sum the flat range ``[start, end)`` of ``layout`` across ranks, each slice to the rank that owns it.
 
-    Only the owner's slice is meaningful afterwards (the rest of ``buf`` may hold anything). Where
-    ``REDUCE_SCATTER_BY_ALL_REDUCE`` says so, one all_reduce of the whole bucket (which every rank
-    already holds, so it costs no memory); else one async ``reduce`` per owner (owner ranges are
-    unequal, which ``reduce_scatter_tensor`` does not take). Returns the works to wait for.
+    ``segments`` tile the range in order (one flat buffer, or one gradient per parameter); the caller
+    may not read or free them before ``wait()``. Only the owned pieces are meaningful afterwards (the
+    rest may hold anything). The method is ``reduce_method``'s: each rank sends the owners their pieces
+    straight from the segments (``send``: nothing is flattened; the owner adds what it receives), or,
+    on one flat buffer (the segments' own when there is one, else a copy), one async ``reduce`` per
+    owner (owner ranges are unequal, which ``reduce_scatter_tensor`` does not take) or one all_reduce
+    of the whole bucket. ``method`` overrides the choice (``reduce_scatter: false`` asks for all_reduce).
     """
-    if by_all_reduce(REDUCE_SCATTER_BY_ALL_REDUCE, group, buf.numel() * buf.element_size()):
-        return [dist.all_reduce(buf, group=group, async_op=True)]
-    return [
+    method = method or reduce_method(group, (end - start) * segments[0][1].element_size())
+    if method == "send" and group_size(group) > 1:
+        return _send_to_owners(segments, layout, start, end, group)
+    if len(segments) == 1:
+        buf = segments[0][1]
+    else:
+        buf = flatten(
+            [t for _, t in segments],
+            [t.shape for _, t in segments],
+            segments[0][1].dtype,
+            segments[0][1].device,
+        )
+    rank = group_rank(group)
+    owned = [(lo, buf[lo - start : hi - start]) for r, lo, hi in layout.owners(start, end) if r == rank]
+    if method == "all_reduce":  # every rank ends with the whole sum; it reads its own slices
+        return OwnerReduction([dist.all_reduce(buf, group=group, async_op=True)], owned)
+    works = [
         dist.reduce(buf[lo - start : hi - start], dst=global_rank(group, r), group=group, async_op=True)
         for r, lo, hi in layout.owners(start, end)
     ]
+    return OwnerReduction(works, owned)
 
 
-def all_gather_views(views: Sequence[torch.Tensor], rank: int, group: ProcessGroup | None) -> None:
+def _send_to_owners(
+    segments: Sequence[Segment], layout: GroupLayout, start: int, end: int, group: ProcessGroup | None
+) -> OwnerReduction:
+    """Every rank sends each owner its pieces (one message per segment and owner, tagged by the segment);
+    the owner receives the other ranks' pieces into one buffer and adds them into its own at ``wait()``."""
+    rank, world = group_rank(group), group_size(group)
+    base = _tags(len(segments))
+    works: list = []
+    owned: list[Segment] = []
+    mine = [(lo, hi) for r, lo, hi in layout.owners(start, end) if r == rank]
+    for r, lo, hi in layout.owners(start, end):
+        for j, (off, t) in enumerate(segments):
+            a, z = max(lo, off), min(hi, off + t.numel())
+            if a >= z:
+                continue
+            if r == rank:
+                owned.append((a, t[a - off : z - off]))
+            else:
+                works.append(
+                    dist.isend(t[a - off : z - off], dst=global_rank(group, r), group=group, tag=base + j)
+                )
+    if not mine:
+        return OwnerReduction(works, owned)
+    lo, hi = mine[0]
+    others = [q for q in range(world) if q != rank]
+    inbox = torch.empty((len(others), hi - lo), dtype=segments[0][1].dtype, device=segments[0][1].device)
+    for k, q in enumerate(others):
+        for j, (off, t) in enumerate(segments):
+            a, z = max(lo, off), min(hi, off + t.numel())
+            if a < z:
+                works.append(
+                    dist.irecv(
+                        inbox[k, a - lo : z - lo], src=global_rank(group, q), group=group, tag=base + j
+                    )
+                )
+
+    def add_received() -> None:
+        for a, piece in owned:
+            for row in inbox:
+                piece.add_(row[a - lo : a - lo + piece.numel()])
+
+    return OwnerReduction(works, owned, add_received)
+
+
+def all_gather_views(
+    views: Sequence[torch.Tensor], rank: int, group: ProcessGroup | None, method: str | None = None
+) -> None:
     """Fill ``views[r]`` on every rank with rank ``r``'s ``views[r]`` (equal sizes, one dtype).
 
-    Where ``ALL_GATHER_BY_ALL_REDUCE`` says so: an all_reduce (SUM) of a buffer holding this rank's
-    slice and -0.0 everywhere else. Exact bit for bit: ``x + -0.0 == x`` for every x, +0.0 included
-    (``+0.0`` would turn a -0.0 weight into +0.0). When the views lie back to back in one tensor (a
-    gather bucket covering whole partitions) that tensor is the buffer, so nothing is copied.
+    ``method`` (default: ``gather_method``'s choice): ``broadcast`` sends each owner's view with its own
+    async broadcast, straight into every rank's view (nothing is copied); ``all_gather`` is the native
+    collective; ``all_reduce`` sums a buffer holding this rank's slice and -0.0 everywhere else (exact bit
+    for bit: ``x + -0.0 == x`` for every x, +0.0 included, where ``+0.0`` would turn a -0.0 weight into
+    +0.0); when the views lie back to back in one tensor that tensor is the buffer.
     """
     nbytes = sum(v.numel() for v in views) * views[rank].element_size()
-    if not by_all_reduce(ALL_GATHER_BY_ALL_REDUCE, group, nbytes):
+    method = method or gather_method(group, nbytes)
+    if method == "broadcast":
+        works = [
+            dist.broadcast(v, src=global_rank(group, r), group=group, async_op=True)
+            for r, v in enumerate(views)
+        ]
+        for w in works:
+            w.wait()
+        return
+    if method == "all_gather":
         dist.all_gather(list(views), views[rank].clone(), group=group)
         return
     span = _back_to_back(views)

@@ -5,10 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from ._comm import AveragingRule, ProcessGroup, flatten, plan_buckets, reduce_to_owners
+from ._comm import AveragingRule, OwnerReduction, ProcessGroup, Segment, plan_buckets, reduce_to_owners
 from ._options import ZeroOptions
 from ._partition import FlatGroup
 from ._schedule import BucketSchedule
@@ -27,8 +26,8 @@ class _Bucket:
     start: int
     end: int
     staged: set[int] = field(default_factory=set)
-    buf: torch.Tensor | None = None
-    works: list = field(default_factory=list)
+    segments: list[Segment] = field(default_factory=list)  # what is being reduced: kept alive until absorbed
+    reduction: OwnerReduction | None = None
 
 
 class PartitionReducer:
@@ -167,21 +166,22 @@ class PartitionReducer:
     def _launch_k(self, k: int) -> None:
         b = self.buckets[k]
         g = b.group
-        buf = self._stage1_buffer(b) if self.stage == 1 else self._stage2_buffer(b)
+        b.segments = self._stage1_segments(b) if self.stage == 1 else self._stage2_segments(b)
         stream = self._side_stream(g.flat.device)
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(g.flat.device))
             with torch.cuda.stream(stream):
-                b.works = self._reduce_range(g, buf, b.start, b.end)
+                b.reduction = self._reduce_range(g, b.segments, b.start, b.end)
         else:
-            b.works = self._reduce_range(g, buf, b.start, b.end)
-        b.buf = buf
+            b.reduction = self._reduce_range(g, b.segments, b.start, b.end)
         self._inflight.append(b)
         if self.stage == 2 and not self.opts.overlap_comm:
             self._absorb(b)  # without overlap_comm each reduction completes before backward goes on
 
-    def _stage2_buffer(self, b: _Bucket) -> torch.Tensor:
-        """The bucket's gradients in one flat tensor (a staging slot with contiguous_gradients); frees them."""
+    def _stage2_segments(self, b: _Bucket) -> list[Segment]:
+        """The bucket's gradients: one staging slot with contiguous_gradients, else the gradients themselves
+        (the reduction flattens them only if its collective needs one buffer). ``.grad`` is cleared: the
+        bucket holds them until its reduction is absorbed."""
         g = b.group
         if self.contiguous:
             self._claim_slot(b)
@@ -192,32 +192,31 @@ class PartitionReducer:
                     grad = g.params[i].grad
                     target = buf[start - b.start : end - b.start]
                     target.zero_() if grad is None else target.copy_(grad.reshape(-1))
+            segments = [(b.start, buf)]
         else:
-            ordered = sorted(b.indices)
-            buf = flatten(
-                [g.params[i].grad for i in ordered],
-                [g.params[i].shape for i in ordered],
-                g.flat.dtype,
-                g.flat.device,
-            )
+            segments = self._grad_segments(b)
         for i in b.indices:
             g.params[i].grad = None  # stage 2 keeps only its partition's slice
-        return buf
+        return segments
 
-    def _stage1_buffer(self, b: _Bucket) -> torch.Tensor:
-        """The bucket's accumulated full gradients: a view of the flat gradient buffer, or a new flat copy."""
+    def _stage1_segments(self, b: _Bucket) -> list[Segment]:
+        """The bucket's accumulated full gradients: a view of the flat gradient buffer, or the gradients."""
         g = b.group
         if g.flat_grad is None:
-            ordered = sorted(b.indices)
-            return flatten(
-                [g.params[i].grad for i in ordered],
-                [g.params[i].shape for i in ordered],
-                g.flat.dtype,
-                g.flat.device,
-            )
+            return self._grad_segments(b)
         for i in b.indices:
             self._adopt_grad(g, i)
-        return g.flat_grad[b.start : b.end]
+        return [(b.start, g.flat_grad[b.start : b.end])]
+
+    def _grad_segments(self, b: _Bucket) -> list[Segment]:
+        """``(flat offset, 1-D gradient)`` of each parameter of the bucket in flat order (zeros for none)."""
+        g = b.group
+        out = []
+        for i in sorted(b.indices):
+            p, (start, _) = g.params[i], g.layout.param_range(i)
+            grad = p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=g.flat.dtype)
+            out.append((start, grad.to(g.flat.device, g.flat.dtype)))
+        return out
 
     def _adopt_grad(self, g: FlatGroup, i: int) -> None:
         """Make the flat gradient buffer hold parameter ``i``'s gradient when ``.grad`` is not a view of it.
@@ -240,28 +239,25 @@ class PartitionReducer:
             view.copy_(p.grad.reshape(-1))
             p.grad = view.view_as(p)
 
-    def _reduce_range(self, g: FlatGroup, buf: torch.Tensor, start: int, end: int) -> list:
-        """Sum ``buf`` (flat range ``[start, end)``) across ranks: each slice to its owner, or to all."""
-        self.rule.before(buf)
-        pg = self.process_group
-        if not self.opts.reduce_scatter:
-            return [dist.all_reduce(buf, group=pg, async_op=True)]
-        return reduce_to_owners(buf, g.layout, start, end, pg)
+    def _reduce_range(self, g: FlatGroup, segments: list[Segment], start: int, end: int) -> OwnerReduction:
+        """Sum ``segments`` (flat range ``[start, end)``) across ranks: each slice to its owner, or to all."""
+        for _, t in segments:
+            self.rule.before(t)
+        method = None if self.opts.reduce_scatter else "all_reduce"
+        return reduce_to_owners(segments, g.layout, start, end, self.process_group, method)
 
     def _absorb(self, b: _Bucket) -> None:
         """Wait for a bucket's reduction and add this rank's slice into its partition gradient."""
-        for w in b.works:
-            w.wait()
+        b.reduction.wait()
         if self._stream is not None:
-            torch.cuda.current_stream(b.buf.device).wait_stream(self._stream)
+            torch.cuda.current_stream(b.group.flat.device).wait_stream(self._stream)
         g = b.group
-        ps, pe = g.partition
-        lo, hi = max(b.start, ps), min(b.end, pe)
-        if lo < hi:
+        ps, _ = g.partition
+        for lo, summed in b.reduction.owned:
             part = g.grad_part_for_update()
-            part[lo - ps : hi - ps].add_(b.buf[lo - b.start : hi - b.start], alpha=self.rule.after_factor())
+            part[lo - ps : lo - ps + summed.numel()].add_(summed, alpha=self.rule.after_factor())
         self._inflight.remove(b)
-        b.buf, b.works = None, []
+        b.segments, b.reduction = [], None
         s = b.order % self._nslots
         if self._slot_owner[s] is b:
             self._slot_owner[s] = None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -19,11 +19,20 @@ __all__ = ["GradientReducer"]
 DEFAULT_BUCKET_ELEMS = 500_000_000
 
 
+# A gradient of at least this many elements is all-reduced where it is, as its own collective within its
+# bucket; smaller ones travel flattened together. Measured by tools/bench_zero_collectives.py on the lean
+# GPT's gradients (docs/benchmarks/ds-zero.md): flattening its 53 MB into a new buffer and copying them
+# back cost about as much as the all_reduce itself.
+IN_PLACE_MIN_ELEMS = 1 << 18
+
+
 @dataclass
 class _Bucket:
     params: list[nn.Parameter]
-    flat: torch.Tensor | None = None
-    work: object | None = None
+    flat: torch.Tensor | None = None  # the small gradients, flattened
+    small: list[nn.Parameter] = field(default_factory=list)  # the parameters whose gradients are in ``flat``
+    in_place: list[torch.Tensor] = field(default_factory=list)  # gradients all-reduced where they are
+    works: list = field(default_factory=list)
 
 
 class GradientReducer:
@@ -124,43 +133,65 @@ class GradientReducer:
         self._schedule.remove_hooks()
 
     def _launch(self, b: _Bucket) -> None:
-        first = b.params[0]
-        dtype = torch.float32 if self.fp32_allreduce else first.dtype
-        shapes = [p.shape for p in b.params]
-        stream = self._side_stream(first.device)
+        stream = self._side_stream(b.params[0].device)
         if stream is None:
-            b.flat = flatten([p.grad for p in b.params], shapes, dtype, first.device)
-            self.rule.before(b.flat)
-            b.work = dist.all_reduce(b.flat, group=self.process_group, async_op=True)
+            self._all_reduce(b)
         else:
             # the side stream must see the finished gradients before it reads them
-            stream.wait_stream(torch.cuda.current_stream(first.device))
+            stream.wait_stream(torch.cuda.current_stream(b.params[0].device))
             with torch.cuda.stream(stream):
-                b.flat = flatten([p.grad for p in b.params], shapes, dtype, first.device)
-                self.rule.before(b.flat)
-                b.work = dist.all_reduce(b.flat, group=self.process_group, async_op=True)
+                self._all_reduce(b)
+
+    def _all_reduce(self, b: _Bucket) -> None:
+        """Launch the bucket: large gradients of the reduction dtype in place, the rest flattened together
+        (a gradient that is None contributes zeros there)."""
+        dtype = torch.float32 if self.fp32_allreduce else b.params[0].dtype
+        b.in_place = [
+            p.grad
+            for p in b.params
+            if p.grad is not None
+            and p.grad.dtype == dtype
+            and p.grad.is_contiguous()
+            and p.grad.numel() >= IN_PLACE_MIN_ELEMS
+        ]
+        whole = {id(g) for g in b.in_place}
+        b.small = [p for p in b.params if p.grad is None or id(p.grad) not in whole]
+        tensors = list(b.in_place)
+        if b.small:
+            b.flat = flatten([p.grad for p in b.small], [p.shape for p in b.small], dtype, b.params[0].device)
+            tensors.append(b.flat)
+        for t in tensors:
+            self.rule.before(t)
+        b.works = [dist.all_reduce(t, group=self.process_group, async_op=True) for t in tensors]
 
     def _finish(self, b: _Bucket) -> None:
-        b.work.wait()
+        for w in b.works:
+            w.wait()
         if self._stream is not None:
-            torch.cuda.current_stream(b.flat.device).wait_stream(self._stream)
+            torch.cuda.current_stream(b.params[0].device).wait_stream(self._stream)
         factor = self.rule.after_factor()
-        if factor != 1.0 and b.flat.dtype != b.params[0].dtype:  # fp32_allreduce: scale in fp32, then cast
-            b.flat.mul_(factor)
-            factor = 1.0
-        offset = 0
-        for p in b.params:
-            n = p.numel()
-            chunk = b.flat[offset : offset + n].view_as(p)
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            # the averaging multiply and the copy back into .grad in one pass over the bucket
-            if factor != 1.0:
-                torch.mul(chunk, factor, out=p.grad)
-            else:
-                p.grad.copy_(chunk)
-            offset += n
-        b.flat, b.work = None, None
+        if factor != 1.0:
+            for g in b.in_place:
+                g.mul_(factor)
+        if b.flat is not None:
+            if (
+                factor != 1.0 and b.flat.dtype != b.params[0].dtype
+            ):  # fp32_allreduce: scale in fp32, then cast
+                b.flat.mul_(factor)
+                factor = 1.0
+            offset = 0
+            for p in b.small:
+                n = p.numel()
+                chunk = b.flat[offset : offset + n].view_as(p)
+                if p.grad is None:
+                    p.grad = torch.empty_like(p)
+                # the averaging multiply and the copy back into .grad in one pass over the bucket
+                if factor != 1.0:
+                    torch.mul(chunk, factor, out=p.grad)
+                else:
+                    p.grad.copy_(chunk)
+                offset += n
+        b.flat, b.small, b.in_place, b.works = None, [], [], []
 
     def _side_stream(self, device: torch.device):
         if not (self.overlap_comm and device.type == "cuda"):

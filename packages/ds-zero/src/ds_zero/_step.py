@@ -13,11 +13,11 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ._comm import ProcessGroup, all_gather_views, global_rank
+from ._comm import ProcessGroup, all_gather_views
 from ._partition import FlatGroup
 from ._protocol import LossScalerProtocol
 
-__all__ = ["LossScaledStep", "gather_partitions", "global_norm_sq", "unscale_factor"]
+__all__ = ["LossScaledStep", "gather_partitions", "global_norm_sq", "partition_norm_sq", "unscale_factor"]
 
 
 class LossScaledStep:
@@ -70,32 +70,82 @@ class LossScaledStep:
         self.zero_grad()
 
 
+NORM_CHUNK = 1 << 20  # elements per piece of the norm: a cast of one piece is the largest temporary
+
+
 def global_norm_sq(
     groups: Sequence[FlatGroup], group: ProcessGroup | None, mp_group: ProcessGroup | None
 ) -> float:
-    """Squared L2 norm of every rank's partition gradient; ``inf`` when any rank saw inf or nan.
-
-    The ranks agree on overflow with the same all-reduce SUM that adds the squares: each rank adds a 0/1
-    overflow flag, and a sum of 0/1 flags is nonzero exactly when one of them is (what an all-reduce MAX
-    would say), so one collective carries both numbers.
-    """
-    local = torch.zeros(2, dtype=torch.float64)
-    for g in groups:
-        if g.grad_part is None:  # no reduction this window: a zero gradient
-            continue
-        ranges = g.norm_ranges if g.norm_ranges is not None else [(0, g.grad_part.numel())]
-        zero = torch.zeros((), dtype=torch.float64, device=g.grad_part.device)
-        local[0] += sum((g.grad_part[lo:hi].double().pow(2).sum() for lo, hi in ranges), zero).cpu()
-        # every element counts for overflow, replicated across model-parallel ranks or not
-        local[1] = max(float(local[1]), float((~torch.isfinite(g.grad_part)).any()))
+    """Squared L2 norm of every rank's partition gradient (stages 1 and 2); ``inf`` when any rank saw inf/nan."""
+    parts = [(g.grad_part, g.norm_ranges) for g in groups if g.grad_part is not None]  # None: no reduction
     device = groups[0].flat.device if groups else torch.device("cpu")
-    both = local.to(device)
-    dist.all_reduce(both, group=group)
-    if mp_group is not None:
-        dist.all_reduce(both, group=mp_group)
-    if both[1] > 0 or not math.isfinite(float(both[0])):
+    return partition_norm_sq(parts, device, group, mp_group)
+
+
+def partition_norm_sq(
+    parts: Sequence[tuple[torch.Tensor, Sequence[tuple[int, int]] | None]],
+    device: torch.device,
+    group: ProcessGroup | None,
+    mp_group: ProcessGroup | None,
+) -> float:
+    """Squared global L2 norm of the ``(gradient, counted ranges)`` partitions of every rank; ``inf`` on overflow.
+
+    ``ranges`` None counts the whole tensor; elements outside the ranges (model-parallel replicas) do
+    not count towards the norm, but an inf/nan there still skips the step. The ranks agree on both in one
+    all-reduce SUM: the sum of squares is taken per piece in fp32 (``vector_norm``, no float64 copy),
+    and an inf/nan anywhere makes it non-finite (``0 * inf`` is nan for the uncounted elements). Only
+    when the sum is non-finite do a second all-reduce (MAX of an inf/nan flag) and, if no element was
+    inf/nan (finite gradients whose fp32 squares overflowed), an exact float64 pass decide.
+    """
+    sq = _sum_sq(parts, torch.float32, device)
+    _all_reduce(sq, dist.ReduceOp.SUM, group, mp_group)
+    total = float(sq)
+    if math.isfinite(total):
+        return total
+    flag = torch.tensor(
+        [float(any(not bool(torch.isfinite(t).all()) for t, _ in parts))], dtype=torch.float64, device=device
+    )
+    _all_reduce(flag, dist.ReduceOp.MAX, group, mp_group)
+    if flag.item():
         return math.inf
-    return float(both[0])
+    sq = _sum_sq(parts, torch.float64, device)
+    _all_reduce(sq, dist.ReduceOp.SUM, group, mp_group)
+    return float(sq)
+
+
+def _sum_sq(
+    parts: Sequence[tuple[torch.Tensor, Sequence[tuple[int, int]] | None]], dtype: torch.dtype, device
+) -> torch.Tensor:
+    """float64 sum of squares of the counted ranges (plus ``0 *`` that of the uncounted elements)."""
+    counted: list[torch.Tensor] = []
+    rest: list[torch.Tensor] = []
+    for t, ranges in parts:
+        flat = t.reshape(-1)
+        counted += _piece_norms(flat, ranges if ranges is not None else [(0, flat.numel())], dtype)
+        if ranges is not None:  # the replicas' overflow rides along at the cost of one read
+            rest += _piece_norms(flat, [(0, flat.numel())], dtype)
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    if counted:
+        sq += torch.stack(counted).to(device, torch.float64).square().sum()
+    if rest:
+        sq += 0.0 * torch.stack(rest).to(device, torch.float64).square().sum()
+    return sq
+
+
+def _piece_norms(
+    flat: torch.Tensor, ranges: Sequence[tuple[int, int]], dtype: torch.dtype
+) -> list[torch.Tensor]:
+    return [
+        torch.linalg.vector_norm(flat[c : min(hi, c + NORM_CHUNK)], dtype=dtype)
+        for lo, hi in ranges
+        for c in range(lo, hi, NORM_CHUNK)
+    ]
+
+
+def _all_reduce(t: torch.Tensor, op, group: ProcessGroup | None, mp_group: ProcessGroup | None) -> None:
+    dist.all_reduce(t, op=op, group=group)
+    if mp_group is not None:
+        dist.all_reduce(t, op=op, group=mp_group)
 
 
 def unscale_factor(scaled_norm: float, loss_scale: float, clip_grad: float) -> float:
@@ -120,12 +170,5 @@ def gather_partitions(
     for k0 in range(0, part, chunk):
         k1 = min(part, k0 + chunk)
         views = [g.flat[r * part + k0 : r * part + k1] for r in range(dp)]
-        if use_all_gather:
-            all_gather_views(views, rank, group)
-        else:
-            works = [
-                dist.broadcast(views[r], src=global_rank(group, r), group=group, async_op=True)
-                for r in range(dp)
-            ]
-            for w in works:
-                w.wait()
+        # allgather_partitions false: a broadcast from each owner, whatever the backend's fastest gather
+        all_gather_views(views, rank, group, None if use_all_gather else "broadcast")

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 from ds_config import DSConfig
@@ -13,7 +11,7 @@ from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
 from .._options import check_step_options
 from .._protocol import LossScalerProtocol
-from .._step import LossScaledStep
+from .._step import LossScaledStep, partition_norm_sq
 from ._grad_parts import GradPartitions
 from ._grads import Stage3Reducer
 from ._heap import release_freed_heap
@@ -25,8 +23,6 @@ from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
 
 __all__ = ["ZeroStage3Optimizer"]
-
-_NORM_CHUNK = 1 << 20  # elements per float64 chunk of the norm
 
 
 class ZeroStage3Optimizer(LossScaledStep):
@@ -183,19 +179,11 @@ class ZeroStage3Optimizer(LossScaledStep):
         self.params.refresh_whole()
 
     def _global_norm_sq(self, grads: list[torch.Tensor]) -> float:
-        """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan): one all-reduce."""
-        local = torch.zeros(2, dtype=torch.float64)
-        for grad, ranges in zip(grads, self._norm_ranges):
-            # in chunks: a float64 copy of a whole partition would be the largest allocation of the step
-            for lo, hi in ranges if ranges is not None else [(0, grad.numel())]:
-                for c in range(lo, hi, _NORM_CHUNK):
-                    local[0] += grad[c : min(hi, c + _NORM_CHUNK)].double().pow(2).sum().cpu()
-            for c in range(0, grad.numel(), _NORM_CHUNK):  # every element counts for overflow
-                local[1] += float((~torch.isfinite(grad[c : c + _NORM_CHUNK])).any())
-        dist.all_reduce(local, group=self.process_group)
-        if self.mp_group is not None:
-            dist.all_reduce(local, group=self.mp_group)
-        return math.inf if local[1] > 0 or not math.isfinite(float(local[0])) else float(local[0])
+        """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan)."""
+        device = grads[0].device if grads else torch.device("cpu")
+        return partition_norm_sq(
+            list(zip(grads, self._norm_ranges)), device, self.process_group, self.mp_group
+        )
 
     def _model_parallel_norm_ranges(self) -> list[list[tuple[int, int]] | None]:
         """Per group, the partition ranges counted in the norm (None: all of it).
