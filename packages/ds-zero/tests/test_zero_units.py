@@ -240,3 +240,21 @@ def test_offload_with_cpu_adam_writes_the_bf16_weights_once(world_of_one):
         assert zero.step()
     assert CopiesIntoWeights.count == 0
     assert torch.equal(flat[: zero.groups[0].layout.numel], zero.groups[0].master.to(torch.bfloat16))
+
+
+def test_the_norm_is_exact_where_fp32_squares_overflow_and_inf_anywhere_skips(world_of_one):
+    """``partition_norm_sq`` sums fp32 pieces; finite gradients whose squares overflow fp32 (1e20) get
+    the exact float64 sum, and an inf/nan outside the counted ranges (a model-parallel replica) still
+    says overflow."""
+    from ds_zero._step import NORM_CHUNK, partition_norm_sq
+
+    cpu = torch.device("cpu")
+    g = torch.full((NORM_CHUNK + 10,), 0.5)
+    assert partition_norm_sq([(g, None)], cpu, None, None) == pytest.approx(0.25 * g.numel(), rel=1e-6)
+    big = torch.tensor([1e20, 3.0, -1e20])
+    exact = 2 * float(big[0]) ** 2 + 9.0  # in float64, from the fp32 values
+    assert partition_norm_sq([(big, None)], cpu, None, None) == pytest.approx(exact, rel=1e-12)
+    assert partition_norm_sq([(big, [(1, 2)])], cpu, None, None) == 9.0  # only the counted range
+    for bad in (float("inf"), float("nan")):
+        replica = torch.tensor([1.0, 2.0, bad])
+        assert partition_norm_sq([(g, None), (replica, [(0, 2)])], cpu, None, None) == float("inf")
