@@ -2,9 +2,9 @@
 """A/B of ds engine steps in one process, interleaved step by step (issue 18's two choices).
 
 Three ds engines on the lean GPT (tools/_bench_cases.py), 2 gloo ranks, fp32, client AdamW, clipping 1.0:
-as shipped; with ZeRO's gather forced onto the native all_gather (``ds_zero._comm.ALL_GATHER_BY_ALL_REDUCE``
-emptied around that engine's step; stage 0 does not gather, so there the two columns differ by noise
-only); and with ``AdamW(foreach=True)`` (the kernel torch would pick on CPU, kept because it is
+as shipped; with ZeRO's collectives forced onto the native ones (``ds_zero._comm.GATHER_CHOICE`` and
+``REDUCE_CHOICE`` emptied around that engine's step: all_gather, one reduce per owner; stage 0 uses
+neither, so there the two columns differ by noise only); and with ``AdamW(foreach=True)`` (the kernel torch would pick on CPU, kept because it is
 explicit). Interleaving step by step puts the machine's load drift on all three alike, which
 separate processes (tools/bench_training.py) cannot do on a shared machine. Median of 12 steps after 2,
 each step between barriers, rank 0.
@@ -33,10 +33,10 @@ def work(rank: int, world: int, stage: int) -> dict[str, float]:
 
     d = bc.MODELS["lean"]
     spec = {"impl": "ds", "stage": stage, "dtype": "fp32"}
-    shipped = dict(_comm.ALL_GATHER_BY_ALL_REDUCE)
+    shipped = (dict(_comm.GATHER_CHOICE), dict(_comm.REDUCE_CHOICE))
     variants = {
         "shipped": ({}, shipped),
-        "native gather": ({}, {}),
+        "native collectives": ({}, ({}, {})),
         "foreach=True": ({"foreach": True}, shipped),
     }
     engines = {}
@@ -49,7 +49,7 @@ def work(rank: int, world: int, stage: int) -> dict[str, float]:
         for i in range(14):
             idx, tgt = bc.batch(d, rank, i)
             for name, engine in engines.items():
-                _comm.ALL_GATHER_BY_ALL_REDUCE = variants[name][1]
+                _comm.GATHER_CHOICE, _comm.REDUCE_CHOICE = variants[name][1]
                 dist.barrier()
                 start = time.perf_counter()
                 engine.backward(engine(idx, tgt))
@@ -58,7 +58,7 @@ def work(rank: int, world: int, stage: int) -> dict[str, float]:
                 if i >= 2:
                     times[name].append(time.perf_counter() - start)
     finally:
-        _comm.ALL_GATHER_BY_ALL_REDUCE = shipped
+        _comm.GATHER_CHOICE, _comm.REDUCE_CHOICE = shipped
     return {k: statistics.median(v) * 1e3 for k, v in times.items()}
 
 

@@ -152,10 +152,11 @@ _next_tag = [0]  # point-to-point tags: every rank makes the same calls in the s
 
 
 def _tags(n: int) -> int:
-    """The first of ``n`` consecutive tags no message in flight uses."""
-    base = _next_tag[0]
-    _next_tag[0] = (base + n) % (1 << 24)
-    return base if base + n <= 1 << 24 else _tags(n)
+    """The first of ``n`` consecutive tags for one reduction (the same on every rank): they cycle through
+    2**24, far more than can be in flight at once."""
+    base = _next_tag[0] if _next_tag[0] + n <= 1 << 24 else 0
+    _next_tag[0] = base + n
+    return base
 
 
 def reduce_to_owners(
