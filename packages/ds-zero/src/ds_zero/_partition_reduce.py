@@ -214,7 +214,11 @@ class PartitionReducer:
         out = []
         for i in sorted(b.indices):
             p, (start, _) = g.params[i], g.layout.param_range(i)
-            grad = p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=g.flat.dtype)
+            grad = (
+                p.grad.reshape(-1)
+                if p.grad is not None
+                else torch.zeros(p.numel(), dtype=g.flat.dtype, device=g.flat.device)
+            )
             out.append((start, grad.to(g.flat.device, g.flat.dtype)))
         return out
 
