@@ -99,8 +99,6 @@ def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
 #   (53 MiB: 20.7 and 22.6 ms against 35-78) but not at 64 MiB (its receive buffer is then 32 MiB); at
 #   4 ranks it won up to 4 MiB, tied at 16 and lost from 53 MiB to one reduce per owner.
 # nccl (and any backend not listed) keeps its native collectives: reduce per owner and all_gather.
-GATHERS = ("all_gather", "broadcast", "all_reduce")
-REDUCES = ("reduce", "send", "all_reduce")
 MIB = 2**20
 
 
@@ -113,13 +111,13 @@ REDUCE_CHOICE: dict[str, Callable[[int, int], str]] = {"gloo": _gloo_reduce}
 
 
 def gather_method(group: ProcessGroup | None, nbytes: int) -> str:
-    """How ``all_gather_views`` moves ``nbytes`` on ``group``'s backend (one of ``GATHERS``)."""
+    """How ``all_gather_views`` moves ``nbytes`` on ``group``'s backend (``all_gather``, ``broadcast`` or ``all_reduce``)."""
     choose = GATHER_CHOICE.get(str(dist.get_backend(group)))
     return choose(group_size(group), nbytes) if choose is not None else "all_gather"
 
 
 def reduce_method(group: ProcessGroup | None, nbytes: int) -> str:
-    """How ``reduce_to_owners`` sums a bucket of ``nbytes`` on ``group``'s backend (one of ``REDUCES``)."""
+    """How ``reduce_to_owners`` sums a bucket of ``nbytes`` on ``group``'s backend (``reduce``, ``send`` or ``all_reduce``)."""
     choose = REDUCE_CHOICE.get(str(dist.get_backend(group)))
     return choose(group_size(group), nbytes) if choose is not None else "reduce"
 
