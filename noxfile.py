@@ -23,7 +23,7 @@ PARALLEL = ["-n", "2", "--dist", "loadfile"]
 PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-config": ([], []),
     "ds-precision": (["ds-config"], ["fast"]),
-    "ds-zero": (["ds-config"], []),
+    "ds-zero": (["ds-config"], ["mpi"]),
     "ds-optim": (["ds-config"], ["mpi", "fast"]),
     "ds-checkpoint": (["ds-config"], []),
     "ds-sparse-attn": (["ds-config"], ["plot"]),

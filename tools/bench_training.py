@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,12 +89,46 @@ def case_worker(spec: dict) -> None:
     print("CASE_RESULT " + json.dumps(result), flush=True)
 
 
+def mpirun_rank_worker(spec: dict) -> None:
+    """Entry point of ``--mpirun-case`` on each rank that ``mpirun`` started: the script joins the job as
+    a user's would (``ds_engine.init_distributed``, which finds the ranks through mpi4py), runs the case
+    and rank 0 prints the CASE_RESULT line."""
+    import ds_engine
+    import torch
+    import torch.distributed as dist
+    from _bench_cases import combine_ranks, run_case
+
+    torch.set_num_threads(1)  # as rank_testing.spawn sets for the other cases
+    ds_engine.init_distributed(dist_backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    result = run_case(rank, world, spec)
+    per_rank = [None] * world
+    dist.all_gather_object(per_rank, result)
+    if rank == 0:
+        combined = combine_ranks(per_rank)
+        combined["versions"] = {"torch": torch.__version__}
+        print("CASE_RESULT " + json.dumps(combined), flush=True)
+    dist.destroy_process_group()
+
+
+def _case_command(spec: dict, python: str) -> list[str]:
+    """One case's command: the script itself, or under ``mpirun`` (one process per rank, not pinned to a
+    core, as the spawned cases are not) for ``launcher: mpirun``."""
+    script = str(Path(__file__).resolve())
+    if spec.get("launcher") != "mpirun":
+        return [python, script, "--case", json.dumps(spec)]
+    mpirun = shutil.which("mpirun", path=str(Path(python).parent)) or "mpirun"
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [mpirun, *root, "-np", str(spec["world"]), "--oversubscribe", "--bind-to", "none", python, script,
+            "--mpirun-case", json.dumps(spec)]  # fmt: skip
+
+
 def run_case_subprocess(spec: dict) -> dict:
     """Run one case with the right python (DeepSpeed's venv for DeepSpeed); failures become a row."""
     deepspeed = spec["impl"] == "deepspeed"
     python = str(DS_PYTHON) if deepspeed else sys.executable
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
-    cmd = [python, str(Path(__file__).resolve()), "--case", json.dumps(spec)]
+    cmd = _case_command(spec, python)
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -111,6 +146,7 @@ def case_label(spec: dict) -> str:
         spec["impl"]
         + (" offload" if spec.get("offload") else "")
         + (" overlap" if spec.get("overlap") else "")
+        + (" mpirun" if spec.get("launcher") == "mpirun" else "")
     )
     return f"{name} stage {spec['stage']}" if spec["impl"] in ("ds", "deepspeed") else name
 
@@ -124,6 +160,8 @@ def plan_cases(args: argparse.Namespace, ds_stages: list[int]) -> list[dict]:
             cases.append({"impl": "ds", "stage": stage})
         if "deepspeed" in impls and stage in args.stages:
             cases.append({"impl": "deepspeed", "stage": stage})
+    # ds under mpirun: ranks from mpi4py, so ZeRO's fp32 collectives go over MPI (ds_zero/_mpi.py)
+    cases += [{"impl": "ds", "stage": s, "launcher": "mpirun"} for s in ds_stages if "ds-mpi" in impls]
     if "ds-offload" in impls:
         cases.append({"impl": "ds", "stage": 2, "offload": True})
     # ds at stages 1/2 with overlap_comm: true (reductions launched from gradient hooks during backward;
@@ -202,8 +240,9 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
     over = {
         (r["impl"], r["stage"]): r["overhead_ms"]
         for r in rows
-        if "error" not in r and not r.get("offload") and not r.get("overlap")
+        if "error" not in r and not r.get("offload") and not r.get("overlap") and not r.get("launcher")
     }
+    over_mpi = {r["stage"]: r["overhead_ms"] for r in rows if "error" not in r and r.get("launcher")}
     spread_note = "min..max over rounds" if repeats > 1 else "p25..p75 of per-step step-ceiling"
     lines = [
         f"### {world} ranks, {dtype}",
@@ -233,6 +272,8 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
         )
     if ("ds", 0) in over and ("ddp", 0) in over:
         lines += ["", f"ds stage 0 overhead / DDP overhead: {_ratio(over[('ds', 0)], over[('ddp', 0)])}"]
+    if 0 in over_mpi and ("ddp", 0) in over:
+        lines += [f"ds mpirun stage 0 overhead / DDP overhead: {_ratio(over_mpi[0], over[('ddp', 0)])}"]
     return "\n".join(lines)
 
 
@@ -290,14 +331,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds over all cases")
     parser.add_argument("--stages", type=_ints, default=list(STAGES), help="ZeRO stages, e.g. 0,1,2")
     parser.add_argument(
-        "--impls", default="ddp,fsdp2,ds,ds-offload,ds-overlap,deepspeed", help="which implementations"
+        "--impls",
+        default="ddp,fsdp2,ds,ds-mpi,ds-offload,ds-overlap,deepspeed",
+        help="which implementations (ds-mpi: ds under mpirun, collectives over MPI)",
     )
     parser.add_argument("--json", default="bench_training.json", help="where to write every figure")
     parser.add_argument("--collectives", action="store_true", help="only time gloo collectives (8 MiB fp32)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this interpreter
+    parser.add_argument("--mpirun-case", help=argparse.SUPPRESS)  # internal: one rank of an mpirun case
     args = parser.parse_args()
     if args.case:
         case_worker(json.loads(args.case))
+        return
+    if args.mpirun_case:
+        mpirun_rank_worker(json.loads(args.mpirun_case))
         return
     if args.collectives:
         for world in _ints(args.world):

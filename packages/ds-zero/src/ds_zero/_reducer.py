@@ -6,11 +6,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from ds_config import DSConfig
 from torch import nn
 
-from ._comm import AveragingRule, ProcessGroup, flatten, group_size, plan_buckets
+from . import _mpi
+from ._comm import AveragingRule, ProcessGroup, all_reduce_async, flatten, group_size, plan_buckets
 from ._schedule import BucketSchedule
 from ._sparse import reduce_sparse_grad
 
@@ -73,6 +73,7 @@ class GradientReducer:
             [p for p in params if id(p) not in {id(s) for s in sparse}], bucket_size_elems
         )
         self._stream = None
+        self.mpi = _mpi.enable(process_group)  # MPI carries CPU fp32 buckets under mpirun (``_mpi.py``)
         self._schedule = BucketSchedule(
             [b.params for b in self._buckets], lambda k: self._launch(self._buckets[k]), hooks=overlap_comm
         )
@@ -162,7 +163,7 @@ class GradientReducer:
             tensors.append(b.flat)
         for t in tensors:
             self.rule.before(t)
-        b.works = [dist.all_reduce(t, group=self.process_group, async_op=True) for t in tensors]
+        b.works = all_reduce_async(tensors, self.process_group)
 
     def _finish(self, b: _Bucket) -> None:
         for w in b.works:

@@ -20,10 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from .._comm import ProcessGroup, global_rank, group_rank, group_size
+from .._comm import ProcessGroup, broadcast_async, group_rank, group_size
 from .._layout import GroupLayout
 from ._construct import forget_construction, full_value, source_shape
 
@@ -195,17 +194,17 @@ class PartitionedParams:
         its group: the local piece copied, one broadcast per owner of a piece; returns the works."""
         layout = self.layouts[s.group]
         ps = layout.partition_range(self.rank)[0]
-        pg, works = self.process_group, []
+        pieces = []
         for r, lo, hi in layout.owners(s.start, s.end):
             piece = out[lo - s.start : hi - s.start]
             if r == self.rank:
                 piece.copy_(source[lo - ps : hi - ps])
-            if self.dp > 1:
-                works.append(dist.broadcast(piece, src=global_rank(pg, r), group=pg, async_op=True))
-                self.gather_calls += 1
-        if self.dp > 1:
-            self.gathered_numel += s.numel
-        return works
+            pieces.append((piece, r))
+        if self.dp == 1:
+            return []
+        self.gather_calls += len(pieces)
+        self.gathered_numel += s.numel
+        return broadcast_async(pieces, self.process_group)
 
     def release(self, slots: Iterable[ParamSlot]) -> None:
         """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
