@@ -9,7 +9,9 @@ ds_zero's own entry points with the MPI transport on and off, interleaved run by
 - the weight gather: ``all_gather_views`` of the partitions of one flat buffer;
 each alone, then launched before a compute loop (matmuls standing in for the rest of backward) and
 waited after it, which shows what the launch costs the computing thread and how much of the
-collective hides behind it. fp32, median of ``--reps`` runs after 2 warm-ups, each run as long as its
+collective hides behind it. Then raw mpi4py calls on the same gradients, the alternatives the
+transport's design was chosen from (blocking per gradient on a worker thread, not ``Iallreduce``: Open MPI
+progresses non-blocking collectives only while someone polls). fp32, median of ``--reps`` runs after 2 warm-ups, each run as long as its
 slowest rank.
 
     .venv/bin/python tools/bench_zero_mpi.py --world 2,4 --json bench_zero_mpi.json
@@ -86,6 +88,34 @@ def _rank_main(reps: int) -> None:
         wait()
         return comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
 
+    def raw(fn):  # mpi4py alone, no ds_zero: the alternatives the transport's design was chosen from
+        def launch():
+            fn()
+            return lambda: None
+
+        return launch
+
+    arrays = [g.numpy() for g in grads]
+    flat_np = torch.cat([g.view(-1) for g in grads]).numpy()
+    n = flat_np.size // world * world
+    scattered = torch.empty(n // world).numpy()
+
+    def iallreduce() -> None:
+        MPI.Request.Waitall([comm.Iallreduce(MPI.IN_PLACE, x) for x in arrays])
+
+    raw_cases = {
+        "raw: Allreduce per gradient (blocking)": lambda: [comm.Allreduce(MPI.IN_PLACE, x) for x in arrays],
+        "raw: Iallreduce per gradient, then Waitall": iallreduce,
+        "raw: one Allreduce of all gradients flat": lambda: comm.Allreduce(MPI.IN_PLACE, flat_np),
+        "raw: Reduce_scatter_block of all gradients flat": lambda: comm.Reduce_scatter_block(
+            flat_np[:n], scattered
+        ),
+        "raw: Allgather in place of all gradients flat": lambda: comm.Allgather(MPI.IN_PLACE, flat_np[:n]),
+    }
+    raw_ms = {}
+    for name, fn in raw_cases.items():
+        raw_ms[name] = statistics.median([timed(raw(fn), False) for _ in range(reps + 2)][2:]) * 1e3
+
     results = []
     compute_alone = []
     for name, launch in (("stage 0 all-reduce", stage0), ("reduce to owners", to_owners), ("gather", gather)):
@@ -115,6 +145,7 @@ def _rank_main(reps: int) -> None:
             "mib": sum(g.numel() for g in grads) * 4 / 2**20,
             "compute alone ms": statistics.median(compute_alone) * 1e3,
             "results": results,
+            "raw mpi4py ms": raw_ms,
         }
         print("RESULT " + json.dumps(report), flush=True)
     dist.destroy_process_group()
@@ -159,6 +190,9 @@ def main() -> None:
                 f"| {r['collective']} | {'yes' if r['with compute'] else 'no'} | {r['mpi']:.1f} | "
                 f"{r['gloo']:.1f} | {r['mpi'] / r['gloo']:.2f}x |"
             )
+        print("\n| raw mpi4py on the same gradients | ms |\n|---|---|")
+        for name, ms in rep["raw mpi4py ms"].items():
+            print(f"| {name[5:]} | {ms:.1f} |")
     Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "reports": reports}, indent=1))
     print(f"\nevery figure in {args.json}")
 

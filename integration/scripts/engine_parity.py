@@ -15,6 +15,7 @@ import itertools
 import json
 
 import ds_engine
+import ds_zero
 import torch
 import torch.distributed as dist
 
@@ -196,7 +197,13 @@ def main() -> None:
         results[key], divergence[key] = run(all_configs[name], steps, save, args.save_at, load)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            out = {"world_size": dist.get_world_size(), "losses": results, "replica_divergence": divergence}
+            out = {
+                "world_size": dist.get_world_size(),
+                "losses": results,
+                "replica_divergence": divergence,
+                # collectives ZeRO sent over MPI (ds_zero/_mpi.py): nonzero only under mpirun
+                "mpi_collectives": ds_zero.mpi_collective_calls(),
+            }
             json.dump(out, f, indent=1)
 
 

@@ -80,3 +80,28 @@ def bench_training_model() -> torch.nn.Module:
     from _bench_cases import make_model
 
     return make_model(MODELS["tiny"])
+
+
+def test_ds_mpi_cases_run_under_mpirun_and_get_their_own_ratio_line() -> None:
+    import argparse
+
+    args = argparse.Namespace(impls="ddp,ds,ds-mpi,deepspeed", stages=[0, 1])
+    cases = bench_training.plan_cases(args, [0, 1])
+    mpi = [c for c in cases if c.get("launcher") == "mpirun"]
+    assert [c["stage"] for c in mpi] == [0, 1] and all(c["impl"] == "ds" for c in mpi)
+    spec = {**mpi[0], "world": 2}
+    cmd = bench_training._case_command(spec, sys.executable)
+    assert "--mpirun-case" in cmd and cmd[cmd.index("-np") + 1] == "2" and "--bind-to" in cmd
+    assert bench_training.case_label(spec) == "ds mpirun stage 0"
+    row = {"step_ms": 2.0, "ceiling_ms": 1.0, "overhead_spread_ms": [1, 1], "live_mib_after_backward": 1,
+           "live_mib_after_step": 1, "peak_rss_mib": 1, "peak_rss_above_start_mib": 1, "numel": 10}  # fmt: skip
+    rows = [
+        {**row, "impl": "ddp", "stage": 0, "overhead_ms": 100.0},
+        {**row, "impl": "ds", "stage": 0, "overhead_ms": 50.0},
+        {**row, "impl": "ds", "stage": 0, "launcher": "mpirun", "overhead_ms": 25.0},
+        {**row, "impl": "deepspeed", "stage": 0, "overhead_ms": 200.0},
+    ]
+    text = bench_training.table(rows, 2, "fp32", 2)
+    assert "| ds mpirun | 0 |" in text and "0.12x" in text  # 25 / 200 against DeepSpeed
+    assert "ds stage 0 overhead / DDP overhead: 0.50x" in text  # the mpirun row does not replace ds's
+    assert "ds mpirun stage 0 overhead / DDP overhead: 0.25x" in text

@@ -32,10 +32,6 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def mpi_calls() -> int:
-    return _mpi._comm_world[0].calls if _mpi._comm_world else 0
-
-
 def digest(state: dict) -> str:
     h = hashlib.sha256()
     for k in sorted(state):
@@ -48,16 +44,20 @@ out: dict = {}
 data = w.make_data(world)
 for cfg in w.CONFIGS:
     ref = w.reference(cfg, world, data)
-    before = mpi_calls()
+    before = _mpi.calls()
     model = w.train_stage0(rank, cfg, data) if cfg["stage"] == 0 else w.train_zero(rank, cfg, data)[0]
     out[cfg["name"]] = {
         "diff": w.max_diff(model, ref),
         "digest": digest(model.state_dict()),
-        "mpi_calls": mpi_calls() - before,
+        "mpi_calls": _mpi.calls() - before,
     }
-before = mpi_calls()
+before = _mpi.calls()
 errors = s3.parity(rank, world)
-out["stage3"] = {"diff": max(errors.values()), "digest": json.dumps(errors), "mpi_calls": mpi_calls() - before}
+out["stage3"] = {
+    "diff": max(errors.values()),
+    "digest": json.dumps(errors),
+    "mpi_calls": _mpi.calls() - before,
+}
 gathered = comm.gather(out)
 if rank == 0:
     print(json.dumps(gathered), flush=True)

@@ -37,7 +37,11 @@ def _mpirun(world: int, collectives: str) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def runs() -> dict[tuple[int, str], list[dict]]:
-    return {(2, "auto"): _mpirun(2, "auto"), (2, "torch"): _mpirun(2, "torch"), (4, "auto"): _mpirun(4, "auto")}
+    return {
+        (2, "auto"): _mpirun(2, "auto"),
+        (2, "torch"): _mpirun(2, "torch"),
+        (4, "auto"): _mpirun(4, "auto"),
+    }
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -48,9 +52,13 @@ def test_mpi_carries_fp32_collectives_and_matches_single_process(runs, world):
         for rank, result in enumerate(ranks):
             r = result[name]
             assert r["diff"] <= tol, f"{name} rank {rank}: max weight difference {r['diff']}"
-            assert r["digest"] == ranks[0][name]["digest"], f"{name}: rank {rank}'s weights differ from rank 0's"
+            assert r["digest"] == ranks[0][name]["digest"], (
+                f"{name}: rank {rank}'s weights differ from rank 0's"
+            )
             # MPI takes fp32 (and fp64) CPU tensors; bf16 stays on torch.distributed
-            assert (r["mpi_calls"] > 0) == (name not in BF16), f"{name} rank {rank}: {r['mpi_calls']} MPI calls"
+            assert (r["mpi_calls"] > 0) == (name not in BF16), (
+                f"{name} rank {rank}: {r['mpi_calls']} MPI calls"
+            )
 
 
 def test_mpi_and_torch_distributed_train_identical_weights_at_two_ranks(runs):

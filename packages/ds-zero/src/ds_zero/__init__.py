@@ -2,7 +2,8 @@
 
 Stage 0 is :class:`GradientReducer` (bucketed all-reduce); stages 1 and 2 are :class:`ZeroOptimizer`,
 configured by :class:`ZeroOptions`. Both launch reductions through one :class:`BucketSchedule`.
-Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``).
+Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``). Under mpirun, CPU fp32
+collectives go over MPI (``_mpi.py``); :func:`mpi_collective_calls` counts them.
 """
 
 from ._comm import AveragingRule
@@ -10,6 +11,7 @@ from ._config_fields import CONFIG_FIELDS
 from ._errors import ZeroConfigError
 from ._layout import GroupLayout
 from ._memory import MemoryReport
+from ._mpi import calls as mpi_collective_calls
 from ._options import TESTED_OPTIMIZERS, ZeroOptions
 from ._protocol import LossScalerProtocol
 from ._reducer import GradientReducer
@@ -37,5 +39,6 @@ __all__ = [
     "ZeroOptions",
     "ZeroStage3Optimizer",
     "__version__",
+    "mpi_collective_calls",
     "names_of",
 ]
