@@ -336,6 +336,10 @@ def main() -> None:
         help="which implementations (ds-mpi: ds under mpirun, collectives over MPI)",
     )
     parser.add_argument("--json", default="bench_training.json", help="where to write every figure")
+    parser.add_argument(
+        "--zero",
+        help="zero_optimization keys for every ds and DeepSpeed case, e.g. '{\"reduce_bucket_size\": 5e7}'",
+    )
     parser.add_argument("--collectives", action="store_true", help="only time gloo collectives (8 MiB fp32)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this interpreter
     parser.add_argument("--mpirun-case", help=argparse.SUPPRESS)  # internal: one rank of an mpirun case
@@ -381,6 +385,7 @@ def main() -> None:
                 "model": args.model,
                 "steps": args.steps,
                 "warmup": args.warmup,
+                **({"zero": json.loads(args.zero)} if args.zero else {}),
             }
             runs: list[list[dict]] = [[] for _ in cases]
             for round_ in range(args.repeats):
