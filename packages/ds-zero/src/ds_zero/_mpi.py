@@ -147,8 +147,8 @@ def _local_reason(group: dist.ProcessGroup | None) -> str | None:
     world = mpi.COMM_WORLD
     if world.Get_size() != dist.get_world_size() or world.Get_rank() != dist.get_rank():
         return "MPI's COMM_WORLD is not torch.distributed's world"
-    if dist.get_world_size(group) != dist.get_world_size():
-        return "the group is not the whole world"
+    if group is not None and dist.get_process_group_ranks(group) != list(range(dist.get_world_size())):
+        return "the group is not the whole world in rank order"  # MPI addresses COMM_WORLD's ranks
     return None
 
 
