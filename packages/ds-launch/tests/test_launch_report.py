@@ -38,3 +38,17 @@ def test_under_mpirun_its_signal_message_names_a_rank_without_a_record():
     first = first_failure(ends)
     assert (first.rank, first.code) == (2, -9)
     assert ends[0].how.startswith("ended without a record")  # rank 0: stopped by mpirun, probably
+
+
+def test_a_sigkill_the_launcher_did_not_send_is_the_rank_s_own_failure_even_when_timed_late():
+    # rank 2 was SIGKILLed (by itself, or the OOM killer) before its peers noticed; on a loaded machine
+    # its reaper reported it after rank 1's exit had made the launcher start stopping (SIGTERM first)
+    events = {1: {"rank": 1, "code": 1, "t_ns": 90, "peer_lost": True, "traceback": ["RuntimeError: reset"]}}
+    exits = {0: ProcessExit(STOP + 5, -15), 1: ProcessExit(95, 1), 2: ProcessExit(STOP + 2, -9)}
+    kill = STOP + 2_000  # the launcher's own SIGKILL, after the grace period
+    first = first_failure(rank_ends(3, events, exits, STOP, job_failed=True, kill_t_ns=kill))
+    assert (first.rank, first.how) == (2, "was killed by signal SIGKILL (9)")
+    # a SIGKILL after the launcher sent its own is the launcher's
+    exits[2] = ProcessExit(kill + 1, -9)
+    ends = rank_ends(3, events, exits, STOP, job_failed=True, kill_t_ns=kill)
+    assert not ends[2].failed and first_failure(ends).rank == 1

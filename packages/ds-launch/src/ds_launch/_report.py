@@ -91,14 +91,24 @@ def rank_ends(
     stop_t_ns: int | None,
     job_failed: bool,
     runtime_said: Mapping[int, int] | None = None,
+    kill_t_ns: int | None = None,
 ) -> list[RankEnd]:
     """Every rank's end. ``exits`` is empty when another program (mpirun) started the ranks; what
     that program said (``runtime_said``: rank -> return code) fills in for ranks without a record.
-    ``stop_t_ns`` is when the launcher began stopping ranks (None: it did not)."""
+    ``stop_t_ns`` is when the launcher began stopping ranks (None: it did not), ``kill_t_ns`` when it
+    sent SIGKILL to what was left (None: unknown)."""
     runtime_said = runtime_said or {}
 
     def before_stop(t_ns: int) -> bool:
         return stop_t_ns is None or t_ns < stop_t_ns
+
+    def own_end(seen: ProcessExit) -> bool:
+        """A SIGKILL before the launcher sent one was not the launcher's (it stops with SIGTERM first),
+        even when the exit was timed after the stop began: its reaper thread can run late on a loaded
+        machine, after a peer that lost it has already exited."""
+        if before_stop(seen.t_ns):
+            return True
+        return kill_t_ns is not None and seen.returncode == -signal.SIGKILL and seen.t_ns < kill_t_ns
 
     ends = []
     for rank in range(world_size):
@@ -120,7 +130,7 @@ def rank_ends(
             )
         elif seen is not None and seen.returncode != 0:
             how = describe_exit(seen.returncode)
-            ends.append(RankEnd(rank, before_stop(seen.t_ns), how, seen.t_ns, code=seen.returncode))
+            ends.append(RankEnd(rank, own_end(seen), how, seen.t_ns, code=seen.returncode))
         elif event is None and seen is None and rank in runtime_said:
             ends.append(RankEnd(rank, True, describe_exit(runtime_said[rank]), code=runtime_said[rank]))
         elif event is None and seen is None:

@@ -80,18 +80,21 @@ def _signal_group(proc: subprocess.Popen, sig: int) -> None:
         pass  # the whole group is already gone
 
 
-def _stop_all(procs: Sequence[subprocess.Popen], first_signal: int, grace_s: float) -> None:
-    """``first_signal`` to every group, SIGKILL to what is left after ``grace_s``, then reap."""
+def _stop_all(procs: Sequence[subprocess.Popen], first_signal: int, grace_s: float) -> int:
+    """``first_signal`` to every group, SIGKILL to what is left after ``grace_s``, then reap; returns
+    when the SIGKILL was sent (``time.monotonic_ns``)."""
     for proc in procs:
         _signal_group(proc, first_signal)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and any(p.poll() is None for p in procs):
         time.sleep(POLL_INTERVAL_S)
+    kill_t_ns = time.monotonic_ns()
     for proc in procs:
         # Also after a clean exit: a rank's own children may survive it, and must not be orphaned.
         _signal_group(proc, signal.SIGKILL)
     for proc in procs:
         proc.wait()
+    return kill_t_ns
 
 
 class _Signals:
@@ -180,11 +183,12 @@ class _Watch:
         self.specs, self.procs, self.exits, self.output = specs, procs, exits, output
         self.seen: dict[int, ProcessExit] = {}  # by index into specs
         self.stop_t_ns: int | None = None
+        self.kill_t_ns: int | None = None
         self.failed = False
 
     def _stop(self, sig: int, grace_s: float) -> None:
         self.stop_t_ns = time.monotonic_ns()
-        _stop_all(self.procs, sig, grace_s)
+        self.kill_t_ns = _stop_all(self.procs, sig, grace_s)
         while len(self.seen) < len(self.procs):  # every reaper reports right after the reaping above
             index, ended = self.exits.get()
             self.seen[index] = ended
@@ -237,7 +241,9 @@ def _report_failure(
     for spec in specs:
         if spec.rank is None:
             said.update(mpi_runtime_signals(output.tail(spec.name)))
-    ends = rank_ends(job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, True, said)
+    ends = rank_ends(
+        job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, True, said, watch.kill_t_ns
+    )
     names = {spec.rank: spec.name for spec in specs if spec.rank is not None}
     # Under mpirun the ranks' stderr reaches the launcher merged: no tail per rank (None).
     for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None):
