@@ -128,6 +128,8 @@ def run_case_subprocess(spec: dict) -> dict:
     deepspeed = spec["impl"] == "deepspeed"
     python = str(DS_PYTHON) if deepspeed else sys.executable
     env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH="")
+    if spec.get("collectives"):
+        env["DS_ZERO_COLLECTIVES"] = spec["collectives"]
     cmd = _case_command(spec, python)
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT_S)
@@ -147,6 +149,7 @@ def case_label(spec: dict) -> str:
         + (" offload" if spec.get("offload") else "")
         + (" overlap" if spec.get("overlap") else "")
         + (" mpirun" if spec.get("launcher") == "mpirun" else "")
+        + (" gloo" if spec.get("collectives") == "torch" else "")
     )
     return f"{name} stage {spec['stage']}" if spec["impl"] in ("ds", "deepspeed") else name
 
@@ -162,6 +165,9 @@ def plan_cases(args: argparse.Namespace, ds_stages: list[int]) -> list[dict]:
             cases.append({"impl": "deepspeed", "stage": stage})
     # ds under mpirun: ranks from mpi4py, so ZeRO's fp32 collectives go over MPI (ds_zero/_mpi.py)
     cases += [{"impl": "ds", "stage": s, "launcher": "mpirun"} for s in ds_stages if "ds-mpi" in impls]
+    # ds with every collective on gloo (DS_ZERO_COLLECTIVES=torch): the plain "ds" rows use shared memory
+    # between same-host ranks (ds_zero/_shm.py)
+    cases += [{"impl": "ds", "stage": s, "collectives": "torch"} for s in ds_stages if "ds-gloo" in impls]
     if "ds-offload" in impls:
         cases.append({"impl": "ds", "stage": 2, "offload": True})
     # ds at stages 1/2 with overlap_comm: true (reductions launched from gradient hooks during backward;
@@ -240,8 +246,13 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
     over = {
         (r["impl"], r["stage"]): r["overhead_ms"]
         for r in rows
-        if "error" not in r and not r.get("offload") and not r.get("overlap") and not r.get("launcher")
+        if "error" not in r
+        and not r.get("offload")
+        and not r.get("overlap")
+        and not r.get("launcher")
+        and not r.get("collectives")
     }
+    over_gloo = {r["stage"]: r["overhead_ms"] for r in rows if "error" not in r and r.get("collectives")}
     over_mpi = {r["stage"]: r["overhead_ms"] for r in rows if "error" not in r and r.get("launcher")}
     spread_note = "min..max over rounds" if repeats > 1 else "p25..p75 of per-step step-ceiling"
     lines = [
@@ -274,6 +285,8 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
         lines += ["", f"ds stage 0 overhead / DDP overhead: {_ratio(over[('ds', 0)], over[('ddp', 0)])}"]
     if 0 in over_mpi and ("ddp", 0) in over:
         lines += [f"ds mpirun stage 0 overhead / DDP overhead: {_ratio(over_mpi[0], over[('ddp', 0)])}"]
+    if 0 in over_gloo and ("ddp", 0) in over:
+        lines += [f"ds gloo stage 0 overhead / DDP overhead: {_ratio(over_gloo[0], over[('ddp', 0)])}"]
     return "\n".join(lines)
 
 
@@ -332,8 +345,9 @@ def main() -> None:
     parser.add_argument("--stages", type=_ints, default=list(STAGES), help="ZeRO stages, e.g. 0,1,2")
     parser.add_argument(
         "--impls",
-        default="ddp,fsdp2,ds,ds-mpi,ds-offload,ds-overlap,deepspeed",
-        help="which implementations (ds-mpi: ds under mpirun, collectives over MPI)",
+        default="ddp,fsdp2,ds,ds-gloo,ds-mpi,ds-offload,ds-overlap,deepspeed",
+        help="which implementations (ds: same-host collectives over shared memory; ds-gloo: over gloo; "
+        "ds-mpi: ds under mpirun, collectives over MPI)",
     )
     parser.add_argument("--json", default="bench_training.json", help="where to write every figure")
     parser.add_argument(

@@ -6,8 +6,11 @@ Collectives are observed with a TorchDispatchMode: ``torch.distributed`` calls r
 
 from __future__ import annotations
 
+import os
+
 import torch
 from ds_zero import GradientReducer, ZeroConfigError, ZeroOptimizer, ZeroOptions, _comm
+from ds_zero._transport import ENV
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -196,6 +199,9 @@ def unused_parameters(rank: int, world: int) -> dict:
 
 
 def main(rank: int, world: int) -> dict:
+    # each option's effect is observed on the c10d ops gloo runs: no host transport (test_zero_shm.py
+    # checks that the shared-memory one carries what these options hand it)
+    os.environ[ENV] = "torch"
     return {
         "gather": gather_calls(rank, world),
         "overlap": overlap_in_backward(rank, world),

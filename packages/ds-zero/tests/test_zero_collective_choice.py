@@ -9,6 +9,7 @@ shipped choice is checked through ``gather_method`` / ``reduce_method`` on the r
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ import _effects as e
 import pytest
 import torch
 from ds_zero import ZeroOptimizer, ZeroOptions, _comm
+from ds_zero._transport import ENV
 from torch import nn
 
 METHODS = {"chosen": None, "reduce": ("all_gather", "reduce"), "all_reduce": ("all_reduce", "all_reduce")}
@@ -56,6 +58,7 @@ def _train(rank: int, stage: int, gather_bucket: int, contiguous: bool) -> dict:
 
 
 def _all(rank: int, world: int) -> dict:
+    os.environ[ENV] = "torch"  # gloo's own choice is under test: no host transport (_transport.py)
     out: dict = {}
     for stage in (1, 2):
         for gather_bucket in (10_000, 40):  # one gather bucket covering the partitions, or many chunks

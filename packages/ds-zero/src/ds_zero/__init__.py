@@ -2,8 +2,9 @@
 
 Stage 0 is :class:`GradientReducer` (bucketed all-reduce); stages 1 and 2 are :class:`ZeroOptimizer`,
 configured by :class:`ZeroOptions`. Both launch reductions through one :class:`BucketSchedule`.
-Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``). Under mpirun, CPU fp32
-collectives go over MPI (``_mpi.py``); :func:`mpi_collective_calls` counts them.
+Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``). CPU collectives go over MPI under
+mpirun (``_mpi.py``), else over shared memory when the ranks share a host (``_shm.py``), chosen in
+``_transport.py``; :func:`mpi_collective_calls` and :func:`shm_collective_calls` count them.
 """
 
 from ._comm import AveragingRule
@@ -11,16 +12,28 @@ from ._config_fields import CONFIG_FIELDS
 from ._errors import ZeroConfigError
 from ._layout import GroupLayout
 from ._memory import MemoryReport
-from ._mpi import calls as mpi_collective_calls
 from ._options import TESTED_OPTIMIZERS, ZeroOptions
 from ._protocol import LossScalerProtocol
 from ._reducer import GradientReducer
 from ._schedule import BucketSchedule
 from ._state import SHARD_FORMAT
+from ._transport import calls as _transport_calls
 from ._zero import ZeroOptimizer, names_of
 from .stage3 import CONFIG_FIELDS_STAGE3, GatheredParameters, PartitionOnConstruction, ZeroStage3Optimizer
 
 __version__ = "0.1.0"
+
+
+def mpi_collective_calls() -> int:
+    """How many collectives MPI carried in this process (0 when it never qualified)."""
+    return _transport_calls("mpi")
+
+
+def shm_collective_calls() -> int:
+    """How many collectives shared memory carried in this process (0 when it never qualified)."""
+    return _transport_calls("shm")
+
+
 __all__ = [
     "AveragingRule",
     "BucketSchedule",
@@ -41,4 +54,5 @@ __all__ = [
     "__version__",
     "mpi_collective_calls",
     "names_of",
+    "shm_collective_calls",
 ]

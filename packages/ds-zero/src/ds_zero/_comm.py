@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from . import _mpi
+from . import _transport
 
 if TYPE_CHECKING:
     from ._layout import GroupLayout
@@ -101,7 +101,8 @@ def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
 #   (53 MiB: 20.7 and 22.6 ms against 35-78) but not at 64 MiB (its receive buffer is then 32 MiB); at
 #   4 ranks it won up to 4 MiB, tied at 16 and lost from 53 MiB to one reduce per owner.
 # nccl (and any backend not listed) keeps its native collectives: reduce per owner and all_gather.
-# Under mpirun, MPI (``_mpi.py``) carries CPU fp32/fp64 tensors instead, faster than any gloo method above.
+# Where a host transport qualifies (``_transport.py``: MPI under mpirun, else shared memory on one host), it
+# carries CPU tensors instead, faster than any gloo method above.
 MIB = 2**20
 
 
@@ -126,18 +127,19 @@ def reduce_method(group: ProcessGroup | None, nbytes: int) -> str:
 
 
 def all_reduce_async(tensors: Sequence[torch.Tensor], group: ProcessGroup | None) -> list:
-    """Launch a SUM all-reduce of each tensor in place; returns works to ``wait()`` (MPI where it qualifies)."""
-    mpi = _mpi.transport(group, *tensors) if tensors else None
-    if mpi is not None:
-        return [mpi.all_reduce(tensors)]
+    """Launch a SUM all-reduce of each tensor in place; returns works to ``wait()`` (a host transport,
+    ``_transport.py``, where one carries them)."""
+    host = _transport.transport(group, *tensors) if tensors else None
+    if host is not None:
+        return [host.all_reduce(tensors)]
     return [dist.all_reduce(t, group=group, async_op=True) for t in tensors]
 
 
 def broadcast_async(pieces: Sequence[tuple[torch.Tensor, int]], group: ProcessGroup | None) -> list:
     """Launch a broadcast of each ``(tensor, source rank in group)``; returns works to ``wait()``."""
-    mpi = _mpi.transport(group, *(t for t, _ in pieces)) if pieces else None
-    if mpi is not None:
-        return [mpi.broadcast(pieces)]
+    host = _transport.transport(group, *(t for t, _ in pieces)) if pieces else None
+    if host is not None:
+        return [host.broadcast(pieces)]
     return [dist.broadcast(t, src=global_rank(group, r), group=group, async_op=True) for t, r in pieces]
 
 
@@ -194,9 +196,9 @@ def reduce_to_owners(
     owner (owner ranges are unequal, which ``reduce_scatter_tensor`` does not take) or one all_reduce
     of the whole bucket. ``method`` overrides the choice (``reduce_scatter: false`` asks for all_reduce).
     """
-    mpi = _mpi.transport(group, *(t for _, t in segments)) if group_size(group) > 1 else None
-    if mpi is not None and method in (None, "all_reduce"):
-        return _mpi_to_owners(mpi, segments, layout, start, end, group, method == "all_reduce")
+    host = _transport.transport(group, *(t for _, t in segments)) if group_size(group) > 1 else None
+    if host is not None and method in (None, "all_reduce"):
+        return _host_to_owners(host, segments, layout, start, end, group, method == "all_reduce")
     method = method or reduce_method(group, (end - start) * segments[0][1].element_size())
     if method == "send" and group_size(group) > 1:
         return _send_to_owners(segments, layout, start, end, group)
@@ -220,8 +222,8 @@ def reduce_to_owners(
     return OwnerReduction(works, owned)
 
 
-def _mpi_to_owners(
-    mpi: _mpi.MpiTransport,
+def _host_to_owners(
+    host: _transport.HostTransport,
     segments: Sequence[Segment],
     layout: GroupLayout,
     start: int,
@@ -229,8 +231,8 @@ def _mpi_to_owners(
     group: ProcessGroup | None,
     everyone: bool,
 ) -> OwnerReduction:
-    """MPI: one in-place reduce per segment and owner, straight from the segments (nothing is flattened),
-    or with ``everyone`` one in-place all-reduce per segment."""
+    """A host transport (MPI, shared memory): one in-place reduce per segment and owner, straight from the
+    segments (nothing is flattened), or with ``everyone`` one in-place all-reduce per segment."""
     rank = group_rank(group)
     owned: list[Segment] = []
     pieces: list[tuple[torch.Tensor, int]] = []
@@ -242,8 +244,8 @@ def _mpi_to_owners(
                 if r == rank:
                     owned.append((a, t[a - off : z - off]))
     if everyone:
-        return OwnerReduction([mpi.all_reduce([t for _, t in segments])], owned)
-    return OwnerReduction([mpi.reduce(pieces, rank)], owned)
+        return OwnerReduction([host.all_reduce([t for _, t in segments])], owned)
+    return OwnerReduction([host.reduce(pieces, rank)], owned)
 
 
 def _send_to_owners(
@@ -301,13 +303,13 @@ def all_gather_views(
     for bit: ``x + -0.0 == x`` for every x, +0.0 included, where ``+0.0`` would turn a -0.0 weight into
     +0.0); when the views lie back to back in one tensor that tensor is the buffer.
     """
-    mpi = _mpi.transport(group, *views) if group_size(group) > 1 else None
-    if mpi is not None:  # MPI: one in-place all-gather where the views tile one span, else a broadcast each
+    host = _transport.transport(group, *views) if group_size(group) > 1 else None
+    if host is not None:  # one all-gather where the views tile one span, else a broadcast each
         span = _back_to_back(views) if method != "broadcast" else None
         if span is not None and len({v.numel() for v in views}) == 1:
-            mpi.all_gather(span).wait()
+            host.all_gather(span).wait()
         else:
-            mpi.broadcast([(v, r) for r, v in enumerate(views)]).wait()
+            host.broadcast([(v, r) for r, v in enumerate(views)]).wait()
         return
     nbytes = sum(v.numel() for v in views) * views[rank].element_size()
     method = method or gather_method(group, nbytes)

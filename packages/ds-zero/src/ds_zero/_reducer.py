@@ -9,7 +9,7 @@ import torch
 from ds_config import DSConfig
 from torch import nn
 
-from . import _mpi
+from . import _transport
 from ._comm import AveragingRule, ProcessGroup, all_reduce_async, flatten, group_size, plan_buckets
 from ._schedule import BucketSchedule
 from ._sparse import reduce_sparse_grad
@@ -73,7 +73,7 @@ class GradientReducer:
             [p for p in params if id(p) not in {id(s) for s in sparse}], bucket_size_elems
         )
         self._stream = None
-        self.mpi = _mpi.enable(process_group)  # MPI carries CPU fp32 buckets under mpirun (``_mpi.py``)
+        self.host_transport = _transport.enable(process_group)  # MPI or shared memory (``_transport.py``)
         self._schedule = BucketSchedule(
             [b.params for b in self._buckets], lambda k: self._launch(self._buckets[k]), hooks=overlap_comm
         )

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from ds_config import DSConfig
 from torch import nn
 
-from . import _mpi
+from . import _transport
 from ._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from ._errors import ZeroConfigError
 from ._memory import MemoryReport, memory_report
@@ -78,7 +78,7 @@ class ZeroOptimizer(LossScaledStep):
         self.scaler = scaler
         self.dp = group_size(process_group)
         self.rank = group_rank(process_group)
-        self.mpi = _mpi.enable(process_group)  # MPI carries CPU fp32 collectives under mpirun (``_mpi.py``)
+        self.host_transport = _transport.enable(process_group)  # MPI or shared memory (``_transport.py``)
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None

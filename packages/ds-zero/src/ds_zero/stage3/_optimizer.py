@@ -7,7 +7,7 @@ import torch.distributed as dist
 from ds_config import DSConfig
 from torch import nn
 
-from .. import _mpi
+from .. import _transport
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
 from .._options import check_step_options
@@ -68,7 +68,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         self.scaler = scaler
         self.clip_grad = float(options.clip_grad)
         self.dp, self.rank = group_size(process_group), group_rank(process_group)
-        self.mpi = _mpi.enable(process_group)  # MPI carries CPU fp32 collectives under mpirun (``_mpi.py``)
+        self.host_transport = _transport.enable(process_group)  # MPI or shared memory (``_transport.py``)
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
         groups = [[p for p in g["params"] if p.requires_grad] for g in optimizer.param_groups]
