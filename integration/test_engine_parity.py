@@ -72,6 +72,14 @@ def test_every_config_keeps_every_rank_s_weights_identical(engine_run):
     assert not drifted, f"ranks hold different weights after training: {drifted}"
 
 
+def test_same_host_ranks_under_ds_launch_exchange_through_shared_memory(engine_run, ws):
+    """ds-launch's ranks share this host: ZeRO's CPU collectives go through shared memory, not gloo."""
+    if ws == 1:
+        pytest.skip("one rank: nothing to exchange")
+    assert engine_run["shm_collectives"] > 0, "ZeRO's collectives did not go through shared memory"
+    assert engine_run["mpi_collectives"] == 0
+
+
 def test_reference_learns(reference):
     for name, losses in reference.items():
         assert losses[-1] < losses[0] - 0.05, f"{name}: the reference does not learn: {losses}"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""ZeRO's collectives over MPI (ds_zero/_mpi.py) against the same calls over gloo, in one mpirun job.
+"""ZeRO's collectives over MPI (ds_zero/_mpi.py) and over shared memory (ds_zero/_shm.py) against the same
+calls over gloo, in one mpirun job.
 
 On the lean GPT's gradients (tools/_bench_cases.py, 13.3M fp32 parameters, 53 MB), each rank times
-ds_zero's own entry points with the MPI transport on and off, interleaved run by run:
+ds_zero's own entry points through each transport (MPI, shared memory, none: gloo), interleaved run by run:
 - stage 0: ``all_reduce_async`` of every gradient in place (``_reducer.py`` launches exactly this);
 - stages 1-3: ``reduce_to_owners`` of every gradient as its own segment, summed to the owners of its
   slices (gloo: the method ``_comm.py`` picks for the size);
@@ -45,14 +46,16 @@ def _rank_main(reps: int) -> None:
 
     sys.path.insert(0, str(TOOLS))
     import _bench_cases as bc
-    from ds_zero import _comm, _mpi
+    from ds_zero import _comm, _mpi, _shm, _transport
     from ds_zero._layout import GroupLayout
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    mpi_on = _mpi.enable(None)
-    assert mpi_on is not None, "the MPI transport does not qualify here"
-    on, off = dict(_mpi._transports), {}
+    carriers = {"mpi": _mpi.enable(None, _transport._agree), "shm": _shm.enable(None, _transport._agree)}
+    assert all(carriers.values()), f"a transport does not qualify here: {carriers}"
+    key = id(dist.group.WORLD)
+    tables = {name: {key: (dist.group.WORLD, t)} for name, t in carriers.items()}
+    tables["gloo"] = {}
 
     grads = [torch.randn_like(p) for p in bc.make_model(bc.MODELS["lean"]).parameters()][::-1]
     layout = GroupLayout.build([g.shape for g in grads], world)
@@ -122,11 +125,11 @@ def _rank_main(reps: int) -> None:
         for overlap in (False, True):
             if name == "gather" and overlap:
                 continue  # the gather is synchronous (the step waits for it)
-            times = {"mpi": [], "gloo": []}
+            times: dict[str, list[float]] = {name: [] for name in tables}
             for i in range(reps + 2):
-                for transport, table in (("mpi", on), ("gloo", off)):
-                    _mpi._transports.clear()
-                    _mpi._transports.update(table)
+                for transport, table in tables.items():
+                    _transport._transports.clear()
+                    _transport._transports.update(table)
                     t = timed(launch, overlap)
                     if i >= 2:
                         times[transport].append(t)
@@ -182,13 +185,13 @@ def main() -> None:
         reports.append(rep)
         print(
             f"\n{world} ranks, {rep['mib']:.1f} MiB of fp32 gradients; compute loop alone "
-            f"{rep['compute alone ms']:.1f} ms\n\n| collective | with compute | MPI ms | gloo ms | MPI / gloo |\n"
-            "|---|---|---|---|---|"
+            f"{rep['compute alone ms']:.1f} ms\n\n| collective | with compute | MPI ms | shared memory ms "
+            "| gloo ms | MPI / gloo | shared memory / gloo |\n|---|---|---|---|---|---|---|"
         )
         for r in rep["results"]:
             print(
-                f"| {r['collective']} | {'yes' if r['with compute'] else 'no'} | {r['mpi']:.1f} | "
-                f"{r['gloo']:.1f} | {r['mpi'] / r['gloo']:.2f}x |"
+                f"| {r['collective']} | {'yes' if r['with compute'] else 'no'} | {r['mpi']:.1f} | {r['shm']:.1f} | "
+                f"{r['gloo']:.1f} | {r['mpi'] / r['gloo']:.2f}x | {r['shm'] / r['gloo']:.2f}x |"
             )
         print("\n| raw mpi4py on the same gradients | ms |\n|---|---|")
         for name, ms in rep["raw mpi4py ms"].items():

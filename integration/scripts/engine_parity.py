@@ -203,6 +203,8 @@ def main() -> None:
                 "replica_divergence": divergence,
                 # collectives ZeRO sent over MPI (ds_zero/_mpi.py): nonzero only under mpirun
                 "mpi_collectives": ds_zero.mpi_collective_calls(),
+                # over shared memory (ds_zero/_shm.py): same-host ranks that MPI did not take
+                "shm_collectives": ds_zero.shm_collective_calls(),
             }
             json.dump(out, f, indent=1)
 
