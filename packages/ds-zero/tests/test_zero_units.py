@@ -174,25 +174,40 @@ def _live_tensor_bytes() -> int:
     return sum(storages.values())
 
 
-# stage 1 with offload (or contiguous_gradients) keeps its full flat gradient buffer between steps: the
-# parameters' .grad are views of it, so it is not counted here
-@pytest.mark.parametrize("stage, offload", [(1, False), (2, False), (2, True)])
-def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(world_of_one, stage, offload):
+@pytest.mark.parametrize(
+    "stage, offload, contiguous",
+    [(1, False, False), (1, False, True), (1, True, False), (2, False, False), (2, True, False)],
+)
+def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(
+    world_of_one, stage, offload, contiguous
+):
     """Issue 18: no fp32 master copy of fp32 weights, no gradient partition kept between steps. With
     offload the weights already live in CPU memory, so the master stays a view of them too, and the
     staging buffers that offload's contiguous gradients use are freed when the backward's reductions
-    are done."""
+    are done. Stage 1's flat gradient buffer (contiguous_gradients, offload) lives from a window's first
+    backward to its step, and autograd accumulates straight into it."""
     before = _live_tensor_bytes()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
     param_bytes = sum(p.numel() for p in model.parameters()) * 4
     zero = ZeroOptimizer(
         torch.optim.Adam(model.parameters()),
-        ZeroOptions(stage=stage, reduce_bucket_size=20_000, cpu_offload=offload),
+        ZeroOptions(
+            stage=stage, reduce_bucket_size=20_000, cpu_offload=offload, contiguous_gradients=contiguous
+        ),
     )
     x = torch.randn(4, 256)
-    zero.backward(model(x).square().mean())
-    assert zero.step()
+    for _ in range(2):  # two windows: the buffer is made again for the second
+        zero.backward(model(x).square().mean())
+        if stage == 1 and (offload or contiguous):
+            flat_grad = zero.groups[0].flat_grad
+            assert all(
+                p.grad.untyped_storage().data_ptr() == flat_grad.untyped_storage().data_ptr()
+                for p in model.parameters()
+            )
+            del flat_grad
+        assert zero.step()
+        zero.zero_grad()
     del x
     live = _live_tensor_bytes() - before
     # weights (one flat buffer) + exp_avg + exp_avg_sq (dp = 1: the whole partition) + a few scalars

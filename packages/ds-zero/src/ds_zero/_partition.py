@@ -32,7 +32,10 @@ class FlatGroup:
     opt_group: dict
     # this rank's averaged (still loss-scaled) partition gradient; None between steps (nothing reads it)
     grad_part: torch.Tensor | None = None
-    # stage 1 with contiguous_gradients or fp32 accumulation: the full local gradient accumulates here
+    # stage 1 with contiguous_gradients, offload or fp32 accumulation: the dtype of the flat buffer the full
+    # local gradient accumulates in (None: no such buffer)
+    flat_grad_dtype: torch.dtype | None = None
+    # that buffer: allocated by an accumulation window's first backward, freed once the step has reduced it
     flat_grad: torch.Tensor | None = None
     norm_ranges: list[tuple[int, int]] | None = None  # see norm_ranges()
 
@@ -53,6 +56,15 @@ class FlatGroup:
                 self.layout.partition_numel, dtype=self.grad_dtype, device=self.flat.device
             )
         return self.grad_part
+
+    def flat_grad_for_window(self) -> torch.Tensor:
+        """The flat gradient buffer of this accumulation window, allocated (zeros) on first use."""
+        assert self.flat_grad_dtype is not None
+        if self.flat_grad is None:
+            self.flat_grad = torch.zeros(
+                self.layout.padded_numel, dtype=self.flat_grad_dtype, device=self.flat.device
+            )
+        return self.flat_grad
 
     def write_master_back(self) -> None:
         """Copy the updated master partition into the weights (nothing to do when it is a view of them)."""
@@ -95,12 +107,10 @@ def build_group(
     master = _master(flat[ps:pe], opts)
     opt_group["params"] = [master]
     accum_dtype = opts.grad_accum_dtype or dtype
-    flat_grad = None
-    if opts.stage == 1 and (opts.contiguous_gradients or opts.cpu_offload or accum_dtype != dtype):
-        flat_grad = torch.zeros(layout.padded_numel, dtype=accum_dtype, device=device)
     param_names = [names.get(id(p), f"group{index}.param{i}") for i, p in enumerate(params)]
     group = FlatGroup(index, params, param_names, layout, rank, flat, master, accum_dtype, opt_group)
-    group.flat_grad = flat_grad
+    if opts.stage == 1 and (opts.contiguous_gradients or opts.cpu_offload or accum_dtype != dtype):
+        group.flat_grad_dtype = accum_dtype
     group.norm_ranges = norm_ranges(group, mp_rank)
     return group
 

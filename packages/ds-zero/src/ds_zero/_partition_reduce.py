@@ -202,11 +202,11 @@ class PartitionReducer:
     def _stage1_segments(self, b: _Bucket) -> list[Segment]:
         """The bucket's accumulated full gradients: a view of the flat gradient buffer, or the gradients."""
         g = b.group
-        if g.flat_grad is None:
+        if g.flat_grad_dtype is None:
             return self._grad_segments(b)
         for i in b.indices:
             self._adopt_grad(g, i)
-        return [(b.start, g.flat_grad[b.start : b.end])]
+        return [(b.start, g.flat_grad_for_window()[b.start : b.end])]
 
     def _grad_segments(self, b: _Bucket) -> list[Segment]:
         """``(flat offset, 1-D gradient)`` of each parameter of the bucket in flat order (zeros for none)."""
@@ -231,7 +231,7 @@ class PartitionReducer:
         """
         p = g.params[i]
         start, end = g.layout.param_range(i)
-        view = g.flat_grad[start:end]
+        view = g.flat_grad_for_window()[start:end]
         if self.fp32_accum:
             if p.grad is not None:
                 view.add_(p.grad.reshape(-1))

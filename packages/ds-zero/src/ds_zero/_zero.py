@@ -139,6 +139,7 @@ class ZeroOptimizer(LossScaledStep):
         The gradient hooks act only during this call; at stage 2 it returns with the micro-step reduced.
         """
         scaled = self._scaled_loss(loss)
+        self._point_grads_into_flat_buffers()
         self._reducer.begin_backward(self._boundary)
         try:
             scaled.backward(retain_graph=retain_graph)
@@ -169,15 +170,25 @@ class ZeroOptimizer(LossScaledStep):
         for g in self.groups:
             g.grad_part = None
             g.master.grad = None
-            if g.flat_grad is not None:
-                g.flat_grad.zero_()
-            # contiguous stage 1 lets autograd accumulate straight into the flat buffer; with fp32
-            # accumulation the hooks add the low-precision grads into it instead
-            views = g.flat_grad is not None and not self._reducer.fp32_accum
-            for i, p in enumerate(g.params):
-                start, end = g.layout.param_range(i)
-                p.grad = g.flat_grad[start:end].view_as(p) if views else None
+            g.flat_grad = None
+            for p in g.params:
+                p.grad = None
         self._reducer.got_grad.clear()
+
+    def _point_grads_into_flat_buffers(self) -> None:
+        """Contiguous stage 1: before a window's backward, point each ``.grad`` that is None at its slice of
+        the window's flat buffer, so autograd accumulates straight into it (with fp32 accumulation the
+        hooks add the low-precision grads into it instead). The buffer lives only until the step."""
+        if self.stage != 1 or self._reducer.fp32_accum:
+            return
+        for g in self.groups:
+            if g.flat_grad_dtype is None:
+                continue
+            flat_grad = g.flat_grad_for_window()
+            for i, p in enumerate(g.params):
+                if p.grad is None:
+                    start, end = g.layout.param_range(i)
+                    p.grad = flat_grad[start:end].view_as(p)
 
     def step(self) -> bool:
         """Optimizer step at a gradient-accumulation boundary; returns False if skipped for overflow.
@@ -191,6 +202,13 @@ class ZeroOptimizer(LossScaledStep):
         if self._steps_taken == 0 and not self.options.ignore_unused_parameters:
             self._check_unused()
         divisor = self._begin_step(global_norm_sq(self.groups, self.process_group, self.mp_group))
+        for (
+            g
+        ) in self.groups:  # the partition's reduced gradient is in grad_part: the full one is read no more
+            if g.flat_grad is not None:
+                g.flat_grad = None
+                for p in g.params:
+                    p.grad = None
         if divisor is None:
             return False
         for g in self.groups:
