@@ -47,6 +47,7 @@ the same way), e.g. ``--impls ddp,ds2 --layers 4,8,12,16,20,24`` then ``--impls 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -55,6 +56,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 TOOLS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TOOLS), str(TOOLS.parent / "testing")]  # _bench_* modules and rank_testing
@@ -87,6 +89,7 @@ def rank_main(spec: dict) -> None:
         print(f"PHASE {name}", flush=True)
 
     model = build_model(spec, d)
+    set_checkpointing(model, spec)
     phase("built")
     fwd_bwd, update = BUILDERS[spec["impl"]](model, spec, d)
     phase("wrapped")
@@ -102,6 +105,22 @@ def rank_main(spec: dict) -> None:
     dist.barrier()
     print("FIT_RESULT " + json.dumps({"rank": rank, "step_s": step_s}), flush=True)
     dist.destroy_process_group()
+
+
+def set_checkpointing(model: Any, spec: dict) -> None:
+    """With ``checkpoint_activations``, every block is recomputed in backward, through each
+    implementation's own function: ds_engine.checkpointing's for ds (at stage 3 it re-gathers the block's
+    weights), torch.utils.checkpoint's (non-reentrant) for the others."""
+    if not spec.get("checkpoint_activations"):
+        return
+    if spec["impl"] == "ds":
+        import ds_engine
+
+        model.checkpoint = ds_engine.checkpointing.checkpoint
+    else:
+        from torch.utils.checkpoint import checkpoint
+
+        model.checkpoint = functools.partial(checkpoint, use_reentrant=False)
 
 
 # ------------------------------------------------------------------ one rung, watched
@@ -135,6 +154,7 @@ def run_rung(name: str, layers: int, args: argparse.Namespace, budget_bytes: int
     dims = {"vocab": args.vocab, "width": args.width, "layers": layers, "heads": args.heads,
             "seq": args.seq, "micro_batch": args.micro_batch}  # fmt: skip
     spec = {**IMPLS[name], "dtype": "fp32", "dims": dims, "steps": args.steps}
+    spec["checkpoint_activations"] = args.checkpoint_activations
     if spec["impl"] == "ds":
         spec["zero"] = json.loads(args.zero)
     env = dict(os.environ, WORLD_SIZE=str(args.world), LOCAL_WORLD_SIZE=str(args.world),
@@ -205,6 +225,12 @@ def main() -> None:
         help="JSON merged into ds's zero_optimization, e.g. the stage-3 working-set keys DeepSpeed's docs "
         "tell users to lower when a model does not fit (defaults: DeepSpeed's, which keep up to 1e9 "
         "parameters gathered and reduce in buckets of 5e8 elements)",
+    )
+    parser.add_argument(
+        "--checkpoint-activations",
+        action="store_true",
+        help="every implementation recomputes each block in backward (ds: ds_engine.checkpointing."
+        "checkpoint, which re-gathers stage 3's weights; others: torch.utils.checkpoint)",
     )
     parser.add_argument("--rank", help=argparse.SUPPRESS)  # internal: run one rank in this interpreter
     args = parser.parse_args()

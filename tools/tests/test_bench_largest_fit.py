@@ -120,3 +120,26 @@ def test_models_are_built_as_each_implementation_builds_them(impl: str, stage: i
         assert r["meta"] is (impl == "fsdp2")
         assert r["added"] <= share * whole + 2**16
         assert r["added"] >= (0.45 * whole if impl != "fsdp2" else 0)
+
+
+@pytest.mark.parametrize("impl", ["ds", "fsdp2"])
+def test_checkpoint_activations_recomputes_every_block_in_backward(impl: str) -> None:
+    """--checkpoint-activations: each block's forward starts again during backward (once without it)."""
+    pytest.importorskip("ds_engine")
+    import torch
+    from _bench_cases import MODELS, make_model
+    from bench_largest_fit import set_checkpointing
+
+    calls = {}
+    for flag in (False, True):
+        model = make_model(MODELS["tiny"])
+        set_checkpointing(model, {"impl": impl, "stage": 3, "checkpoint_activations": flag})
+        seen: list[int] = []
+        for block in model.blocks:
+            block.register_forward_pre_hook(
+                lambda *_, seen=seen: seen.append(1)
+            )  # torch stops a recompute early
+        idx = torch.randint(0, 1024, (2, 64))
+        model(idx, idx).backward()
+        calls[flag] = len(seen)
+    assert calls == {False: 2, True: 4}
