@@ -8,7 +8,6 @@ training, a digest of the trained weights and how many MPI collectives ran; the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -24,40 +23,14 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-import _stage3_workers as s3  # noqa: E402
-import _workers as w  # noqa: E402
+import _parity  # noqa: E402
 from ds_zero import mpi_collective_calls  # noqa: E402
 
 torch.set_num_threads(1)
 dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def digest(state: dict) -> str:
-    h = hashlib.sha256()
-    for k in sorted(state):
-        h.update(k.encode())
-        h.update(state[k].detach().float().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
-out: dict = {}
-data = w.make_data(world)
-for cfg in w.CONFIGS:
-    ref = w.reference(cfg, world, data)
-    before = mpi_collective_calls()
-    model = w.train_stage0(rank, cfg, data) if cfg["stage"] == 0 else w.train_zero(rank, cfg, data)[0]
-    out[cfg["name"]] = {
-        "diff": w.max_diff(model, ref),
-        "digest": digest(model.state_dict()),
-        "mpi_calls": mpi_collective_calls() - before,
-    }
-before = mpi_collective_calls()
-errors = s3.parity(rank, world)
-out["stage3"] = {
-    "diff": max(errors.values()),
-    "digest": json.dumps(errors),
-    "mpi_calls": mpi_collective_calls() - before,
-}
+out = _parity.run_all(rank, world, mpi_collective_calls)
 gathered = comm.gather(out)
 if rank == 0:
     print(json.dumps(gathered), flush=True)

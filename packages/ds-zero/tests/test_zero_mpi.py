@@ -11,14 +11,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import _workers as w
+import _parity
 import pytest
 from rank_testing import free_port
 
 pytestmark = pytest.mark.mpi
 SCRIPT = Path(__file__).with_name("_mpi_main.py")
-FP32_TOL = 2e-6
-BF16 = {c["name"] for c in w.CONFIGS if "dtype" in c}
 
 
 def _mpirun(world: int, collectives: str) -> list[dict]:
@@ -46,22 +44,11 @@ def runs() -> dict[tuple[int, str], list[dict]]:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_mpi_carries_fp32_collectives_and_matches_single_process(runs, world):
-    ranks = runs[(world, "auto")]
-    for name in ranks[0]:
-        tol = 0.03 if name in BF16 else FP32_TOL
-        for rank, result in enumerate(ranks):
-            r = result[name]
-            assert r["diff"] <= tol, f"{name} rank {rank}: max weight difference {r['diff']}"
-            assert r["digest"] == ranks[0][name]["digest"], (
-                f"{name}: rank {rank}'s weights differ from rank 0's"
-            )
-            # MPI takes fp32 (and fp64) CPU tensors; bf16 stays on torch.distributed
-            assert (r["mpi_calls"] > 0) == (name not in BF16), (
-                f"{name} rank {rank}: {r['mpi_calls']} MPI calls"
-            )
+    # MPI takes fp32 (and fp64) CPU tensors; bf16 stays on torch.distributed
+    _parity.check(runs[(world, "auto")], lambda name: name not in _parity.BF16, "MPI")
 
 
 def test_mpi_and_torch_distributed_train_identical_weights_at_two_ranks(runs):
     mpi, torch_dist = runs[(2, "auto")][0], runs[(2, "torch")][0]
-    assert all(r["mpi_calls"] == 0 for r in torch_dist.values()), "DS_ZERO_COLLECTIVES=torch still used MPI"
+    assert all(r["calls"] == 0 for r in torch_dist.values()), "DS_ZERO_COLLECTIVES=torch still used MPI"
     assert {k: r["digest"] for k, r in mpi.items()} == {k: r["digest"] for k, r in torch_dist.items()}

@@ -10,16 +10,12 @@ import hashlib
 import os
 import time
 
-import _stage3_workers as s3
-import _workers as w
+import _parity
 import pytest
 import torch
 import torch.distributed as dist
 from ds_zero import _comm, _shm, _transport, shm_collective_calls
 from rank_testing import spawn
-
-FP32_TOL = 2e-6
-BF16 = {c["name"] for c in w.CONFIGS if "dtype" in c}
 
 
 def test_rounds_pack_in_order_split_what_does_not_fit_and_keep_one_dtype_each():
@@ -125,25 +121,7 @@ def test_each_collective_matches_gloo_and_every_rank_holds_the_same_bits(coll):
 
 
 def parity(rank: int, world: int) -> dict:
-    out: dict = {}
-    data = w.make_data(world)
-    for cfg in w.CONFIGS:
-        ref = w.reference(cfg, world, data)
-        before = shm_collective_calls()
-        model = w.train_stage0(rank, cfg, data) if cfg["stage"] == 0 else w.train_zero(rank, cfg, data)[0]
-        out[cfg["name"]] = {
-            "diff": w.max_diff(model, ref),
-            "digest": _digest(model.state_dict()[k] for k in sorted(model.state_dict())),
-            "calls": shm_collective_calls() - before,
-        }
-    before = shm_collective_calls()
-    errors = s3.parity(rank, world)
-    out["stage3"] = {
-        "diff": max(errors.values()),
-        "digest": repr(errors),
-        "calls": shm_collective_calls() - before,
-    }
-    return out
+    return _parity.run_all(rank, world, shm_collective_calls)
 
 
 @pytest.fixture(scope="module")
@@ -157,16 +135,7 @@ def runs() -> dict:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_shared_memory_carries_every_configuration_and_matches_single_process(runs, world):
-    ranks = runs[(world, "auto")]
-    for name in ranks[0]:
-        tol = 0.03 if name in BF16 else FP32_TOL
-        for rank, result in enumerate(ranks):
-            r = result[name]
-            assert r["diff"] <= tol, f"{name} rank {rank}: max weight difference {r['diff']}"
-            assert r["digest"] == ranks[0][name]["digest"], (
-                f"{name}: rank {rank}'s weights differ from rank 0's"
-            )
-            assert r["calls"] > 0, f"{name} rank {rank}: shared memory carried nothing"
+    _parity.check(runs[(world, "auto")], lambda name: True, "shared-memory")
 
 
 def test_shared_memory_and_gloo_train_identical_weights_at_two_ranks(runs):
