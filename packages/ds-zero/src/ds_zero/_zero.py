@@ -202,9 +202,8 @@ class ZeroOptimizer(LossScaledStep):
         if self._steps_taken == 0 and not self.options.ignore_unused_parameters:
             self._check_unused()
         divisor = self._begin_step(global_norm_sq(self.groups, self.process_group, self.mp_group))
-        for (
-            g
-        ) in self.groups:  # the partition's reduced gradient is in grad_part: the full one is read no more
+        # the partition's reduced gradient is in grad_part: stage 1's full flat gradient is read no more
+        for g in self.groups:
             if g.flat_grad is not None:
                 g.flat_grad = None
                 for p in g.params:
