@@ -37,7 +37,7 @@ from ._transport import HostTransport, Work
 
 __all__ = ["CHUNK", "ShmTransport", "enable"]
 
-CHUNK = int(os.environ.get("DS_ZERO_SHM_CHUNK", 1 << 20))  # bytes per rank per round
+CHUNK = 1 << 20  # bytes per rank per round (measured fastest of 1, 4 and 16 MiB; tests lower it)
 SHM_DIR = "/dev/shm"
 TIMEOUT_S = 1800.0  # torch.distributed's default collective timeout
 _HEADER = 4096  # token (16 bytes), then one int64 pid per rank

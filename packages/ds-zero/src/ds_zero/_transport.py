@@ -129,6 +129,12 @@ def enable(group: dist.ProcessGroup | None) -> HostTransport | None:
     if made is None and wanted in ("auto", "shm"):
         made = _shm.enable(group, _agree)
     if made is None:
+        if wanted in ("mpi", "shm") and dist.get_rank() == 0:  # asked for by name: say it was not taken
+            logger.warning(
+                "ds-zero: %s=%s, but not every rank of a %d-rank group qualifies for it (see ds_zero/_%s.py); "
+                "torch.distributed carries its collectives",
+                ENV, wanted, dist.get_world_size(group), wanted,
+            )  # fmt: skip
         return None
     _transports[key] = (_group_object(group), made)
     if made not in _calls[made.kind]:
