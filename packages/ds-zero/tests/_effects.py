@@ -26,6 +26,8 @@ class Collectives(TorchDispatchMode):
         self.abs_in = 0.0
         self.sent_storages: set[int] = set()  # storages that point-to-point sends read from
         self.all_reduced: list[tuple[int, int]] = []  # (storage, numel) of each all_reduce's tensor
+        # the storages behind those addresses, held so that no later tensor can reuse an address
+        self._held: list[torch.UntypedStorage] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func.overloadpacket)
@@ -34,8 +36,10 @@ class Collectives(TorchDispatchMode):
             first = args[0]
             if name == "c10d.send":
                 self.sent_storages |= {t.untyped_storage().data_ptr() for t in first}
+                self._held += [t.untyped_storage() for t in first]
             if name == "c10d.allreduce_":
                 self.all_reduced += [(t.untyped_storage().data_ptr(), t.numel()) for t in first]
+                self._held += [t.untyped_storage() for t in first]
             tensors = first if isinstance(first, list | tuple) else [first]
             for t in tensors:
                 if isinstance(t, list | tuple):  # all_gather's output is a list of lists

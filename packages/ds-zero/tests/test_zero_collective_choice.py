@@ -38,11 +38,18 @@ def _train(rank: int, stage: int, gather_bucket: int, contiguous: bool) -> dict:
         contiguous_gradients=contiguous,
     )
     grad_storages: set[int] = set()
+    held: list[torch.UntypedStorage] = []  # kept alive: a freed gradient's address may be reused by a slot
+
+    def seen_grad(q: torch.Tensor) -> None:
+        grad_storages.add(q.grad.untyped_storage().data_ptr())
+        held.append(q.grad.untyped_storage())
+
     for p in model.parameters():  # registered first, so they run before ZeRO's hooks take the gradients
-        p.register_post_accumulate_grad_hook(lambda q: grad_storages.add(q.grad.untyped_storage().data_ptr()))
+        p.register_post_accumulate_grad_hook(seen_grad)
     zero = ZeroOptimizer(torch.optim.AdamW(model.parameters(), lr=0.1, weight_decay=0.0), opts)
     calls: dict = {}
     sent_from: set[int] = set()
+    watchers = []  # each holds the storages it saw sent, for the same reason
     for i in range(3):
         with e.Collectives() as seen:
             zero.backward(model(e._batch(rank + 7 * i)).square().mean())
@@ -50,6 +57,7 @@ def _train(rank: int, stage: int, gather_bucket: int, contiguous: bool) -> dict:
         for k, v in seen.calls.items():
             calls[k] = calls.get(k, 0) + v
         sent_from |= seen.sent_storages
+        watchers.append(seen)
     return {
         "calls": calls,
         "sent_from_grads": bool(sent_from) and sent_from <= grad_storages,
