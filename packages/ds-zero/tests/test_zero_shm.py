@@ -169,3 +169,31 @@ def test_an_unknown_choice_is_refused_with_the_choices():
             _transport.choice()
     finally:
         del os.environ[_transport.ENV]
+
+
+def named_but_not_taken(rank: int, world: int) -> dict:
+    """Asks for MPI by name without mpirun, and shared memory over a group one rank cannot join."""
+    import logging
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("ds_zero").addHandler(handler)
+    os.environ[_transport.ENV] = "mpi"
+    got_mpi = _transport.enable(None)
+    os.environ[_transport.ENV] = "shm"
+    if rank == 1:
+        _shm.SHM_DIR = "/nonexistent-ds-zero"  # not writable: this rank alone fails its own checks
+    got_shm = _transport.enable(dist.new_group(list(range(world))))
+    return {"taken": [got_mpi, got_shm], "warnings": seen}
+
+
+def test_a_transport_asked_for_by_name_and_not_taken_is_a_warning_with_every_ranks_reason():
+    r = spawn(named_but_not_taken, 2, timeout_s=120)
+    assert r[0]["taken"] == [None, None] and r[1]["taken"] == [None, None]
+    assert r[1]["warnings"] == [], "only rank 0 logs"
+    mpi, shm = r[0]["warnings"]
+    assert f"{_transport.ENV}=mpi was not taken for a 2-rank group" in mpi, mpi
+    assert "rank 0: mpi4py is not imported" in mpi and "rank 1: mpi4py is not imported" in mpi, mpi
+    assert f"{_transport.ENV}=shm was not taken" in shm, shm
+    assert "rank 0: this rank qualifies, another does not" in shm and "rank 1: /nonexistent-ds-zero is not writable" in shm, shm

@@ -101,12 +101,14 @@ def _local_reason(group: dist.ProcessGroup | None) -> str | None:
     return None
 
 
-def enable(group: dist.ProcessGroup | None, agree: Callable[[bool, Any], bool]) -> MpiTransport | None:
-    """The MPI transport for ``group`` when every rank qualifies (``agree`` is the group's vote), else None."""
+def enable(group: dist.ProcessGroup | None, agree: Callable[[bool, Any], bool]) -> MpiTransport | str:
+    """The MPI transport for ``group`` when every rank qualifies (``agree`` is the group's vote), else why
+    not, as this rank sees it."""
     if dist.get_world_size(group) != dist.get_world_size():
-        return None  # the same on every rank: no need to ask the others
-    if not agree(_local_reason(group) is None, group):
-        return None
+        return "the group is not the whole world"  # the same on every rank: no need to ask the others
+    reason = _local_reason(group)
+    if not agree(reason is None, group):
+        return reason or "this rank qualifies, another does not"
     if not _comm_world:
         mpi = sys.modules["mpi4py.MPI"]
         _comm_world.append(MpiTransport(mpi.COMM_WORLD.Dup(), mpi))

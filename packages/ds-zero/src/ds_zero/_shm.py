@@ -227,11 +227,13 @@ def _local_reason(group: dist.ProcessGroup | None) -> str | None:
     return None
 
 
-def enable(group: dist.ProcessGroup | None, agree: Callable[[bool, Any], bool]) -> ShmTransport | None:
+def enable(group: dist.ProcessGroup | None, agree: Callable[[bool, Any], bool]) -> ShmTransport | str:
     """A shared-memory transport for ``group`` when every rank can map one file that its rank 0 made,
-    else None. A collective over ``group`` (three small ones: qualify, mapped, peers visible)."""
-    if not agree(_local_reason(group) is None, group):
-        return None
+    else why not, as this rank sees it. A collective over ``group`` (three small ones: qualify, mapped,
+    peers visible)."""
+    reason = _local_reason(group)
+    if not agree(reason is None, group):
+        return reason or "this rank qualifies, another does not"
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     size = _layout(world)[2]
     name = torch.zeros(512, dtype=torch.uint8)
@@ -273,10 +275,12 @@ def enable(group: dist.ProcessGroup | None, agree: Callable[[bool, Any], bool]) 
     if not mapped:
         if mm is not None:
             mm.close()
-        return None
+            return "this rank mapped the group's file, another could not (not on one host?)"
+        return f"could not map the group's file {path or '(rank 0 could not create one)'} from {SHM_DIR}"
     assert mm is not None
     pids = [int.from_bytes(mm[_HEADER + 8 * r : _HEADER + 8 * (r + 1)], "little") for r in range(world)]
-    if not agree(all(_alive(p) for p in pids), group):  # another pid namespace: peers cannot be watched
+    visible = all(_alive(p) for p in pids)
+    if not agree(visible, group):  # another pid namespace: peers cannot be watched
         mm.close()
-        return None
+        return "this rank sees every peer's process" if visible else "a peer's process is not visible here"
     return ShmTransport(mm, world, rank, pids)

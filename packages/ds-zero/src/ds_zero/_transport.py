@@ -123,18 +123,14 @@ def enable(group: dist.ProcessGroup | None) -> HostTransport | None:
     if key in _transports and _transports[key][0] is _group_object(group):
         return _transports[key][1]
     wanted = choice()
-    made: HostTransport | None = None
+    made: HostTransport | str = "not tried"
     if wanted in ("auto", "mpi"):
         made = _mpi.enable(group, _agree)
-    if made is None and wanted in ("auto", "shm"):
+    if isinstance(made, str) and wanted in ("auto", "shm"):
         made = _shm.enable(group, _agree)
-    if made is None:
-        if wanted in ("mpi", "shm") and dist.get_rank() == 0:  # asked for by name: say it was not taken
-            logger.warning(
-                "ds-zero: %s=%s, but not every rank of a %d-rank group qualifies for it (see ds_zero/_%s.py); "
-                "torch.distributed carries its collectives",
-                ENV, wanted, dist.get_world_size(group), wanted,
-            )  # fmt: skip
+    if isinstance(made, str):
+        if wanted in ("mpi", "shm"):  # asked for by name: say why it was not taken, rank by rank
+            _warn_not_taken(wanted, made, group)
         return None
     _transports[key] = (_group_object(group), made)
     if made not in _calls[made.kind]:
@@ -147,6 +143,18 @@ def enable(group: dist.ProcessGroup | None) -> HostTransport | None:
                 ENV,
             )
     return made
+
+
+def _warn_not_taken(wanted: str, mine: str, group: dist.ProcessGroup | None) -> None:
+    """Rank 0 logs every rank's reason (a collective: each rank that failed to agree calls it)."""
+    world = dist.get_world_size(group)
+    reasons: list[Any] = [None] * world
+    dist.all_gather_object(reasons, mine, group=group)
+    if dist.get_rank() == 0:
+        logger.warning(
+            "ds-zero: %s=%s was not taken for a %d-rank group; torch.distributed carries its collectives. %s",
+            ENV, wanted, world, "; ".join(f"rank {r}: {why}" for r, why in enumerate(reasons)),
+        )  # fmt: skip
 
 
 def transport(group: dist.ProcessGroup | None, *tensors: torch.Tensor) -> HostTransport | None:
