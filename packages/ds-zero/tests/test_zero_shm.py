@@ -196,4 +196,7 @@ def test_a_transport_asked_for_by_name_and_not_taken_is_a_warning_with_every_ran
     assert f"{_transport.ENV}=mpi was not taken for a 2-rank group" in mpi, mpi
     assert "rank 0: mpi4py is not imported" in mpi and "rank 1: mpi4py is not imported" in mpi, mpi
     assert f"{_transport.ENV}=shm was not taken" in shm, shm
-    assert "rank 0: this rank qualifies, another does not" in shm and "rank 1: /nonexistent-ds-zero is not writable" in shm, shm
+    assert (
+        "rank 0: this rank qualifies, another does not" in shm
+        and "rank 1: /nonexistent-ds-zero is not writable" in shm
+    ), shm
