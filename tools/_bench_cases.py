@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -273,7 +274,16 @@ def run_case(rank: int, world_size: int, spec: dict) -> dict:
         "live_bytes_after_step": after_step,
         "peak_rss_bytes": peak_rss_bytes(),
         "baseline_rss_bytes": baseline_rss,
+        "transport_calls": _transport_calls(),
     }
+
+
+def _transport_calls() -> dict[str, int]:
+    """Collectives that ds-zero's host transports carried in this process (which one ran the case)."""
+    zero = sys.modules.get("ds_zero")
+    if zero is None:
+        return {}
+    return {"mpi": zero.mpi_collective_calls(), "shm": zero.shm_collective_calls()}
 
 
 MEMORY_KEYS = ("live_bytes_after_backward", "live_bytes_after_step", "peak_rss_bytes", "baseline_rss_bytes")
@@ -287,4 +297,5 @@ def combine_ranks(per_rank: list[dict]) -> dict:
         "ceiling_s": [max(s) for s in zip(*(r["ceiling_s"] for r in per_rank))],
         **{k: per_rank[0][k] for k in MEMORY_KEYS},
         "per_rank_memory": [{k: r[k] for k in MEMORY_KEYS} for r in per_rank],
+        "transport_calls": per_rank[0].get("transport_calls", {}),
     }

@@ -150,6 +150,7 @@ def case_label(spec: dict) -> str:
         + (" overlap" if spec.get("overlap") else "")
         + (" mpirun" if spec.get("launcher") == "mpirun" else "")
         + (" gloo" if spec.get("collectives") == "torch" else "")
+        + (" shm" if spec.get("collectives") == "shm" else "")
     )
     return f"{name} stage {spec['stage']}" if spec["impl"] in ("ds", "deepspeed") else name
 
@@ -165,6 +166,12 @@ def plan_cases(args: argparse.Namespace, ds_stages: list[int]) -> list[dict]:
             cases.append({"impl": "deepspeed", "stage": stage})
     # ds under mpirun: ranks from mpi4py, so ZeRO's fp32 collectives go over MPI (ds_zero/_mpi.py)
     cases += [{"impl": "ds", "stage": s, "launcher": "mpirun"} for s in ds_stages if "ds-mpi" in impls]
+    # the same mpirun job with shared memory asked for by name instead of MPI (DS_ZERO_COLLECTIVES=shm)
+    cases += [
+        {"impl": "ds", "stage": s, "launcher": "mpirun", "collectives": "shm"}
+        for s in ds_stages
+        if "ds-mpi-shm" in impls
+    ]
     # ds with every collective on gloo (DS_ZERO_COLLECTIVES=torch): the plain "ds" rows use shared memory
     # between same-host ranks (ds_zero/_shm.py)
     cases += [{"impl": "ds", "stage": s, "collectives": "torch"} for s in ds_stages if "ds-gloo" in impls]
@@ -190,6 +197,7 @@ def progress_line(run: dict, spec: dict, round_: int) -> str:
     return (
         f"{where}: step {_ms(step):.1f} ms, ceiling {_ms(ceiling):.1f} ms, overhead {_ms(step - ceiling):.1f} ms, "
         f"live after step {run['live_bytes_after_step'] / MIB:.1f} MiB"
+        + "".join(f", {n} {k} collectives" for k, n in run.get("transport_calls", {}).items() if n)
     )
 
 
@@ -229,6 +237,7 @@ def summarise(runs: list[dict], world: int, dtype: str) -> dict:
         / MIB,
         "numel": numel,
         "rounds": len(ok),
+        "transport_calls": ok[0].get("transport_calls", {}),
     }
 
 
@@ -252,8 +261,15 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
         and not r.get("launcher")
         and not r.get("collectives")
     }
-    over_gloo = {r["stage"]: r["overhead_ms"] for r in rows if "error" not in r and r.get("collectives")}
-    over_mpi = {r["stage"]: r["overhead_ms"] for r in rows if "error" not in r and r.get("launcher")}
+    def stage_overheads(launcher: str | None, collectives: str | None) -> dict[int, float]:
+        return {
+            r["stage"]: r["overhead_ms"]
+            for r in rows
+            if "error" not in r and r.get("launcher") == launcher and r.get("collectives") == collectives
+        }
+
+    over_gloo, over_mpi = stage_overheads(None, "torch"), stage_overheads("mpirun", None)
+    over_mpi_shm = stage_overheads("mpirun", "shm")
     spread_note = "min..max over rounds" if repeats > 1 else "p25..p75 of per-step step-ceiling"
     lines = [
         f"### {world} ranks, {dtype}",
@@ -285,6 +301,8 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
         lines += ["", f"ds stage 0 overhead / DDP overhead: {_ratio(over[('ds', 0)], over[('ddp', 0)])}"]
     if 0 in over_mpi and ("ddp", 0) in over:
         lines += [f"ds mpirun stage 0 overhead / DDP overhead: {_ratio(over_mpi[0], over[('ddp', 0)])}"]
+    if 0 in over_mpi_shm and ("ddp", 0) in over:
+        lines += [f"ds mpirun shm stage 0 overhead / DDP overhead: {_ratio(over_mpi_shm[0], over[('ddp', 0)])}"]
     if 0 in over_gloo and ("ddp", 0) in over:
         lines += [f"ds gloo stage 0 overhead / DDP overhead: {_ratio(over_gloo[0], over[('ddp', 0)])}"]
     return "\n".join(lines)
@@ -347,7 +365,7 @@ def main() -> None:
         "--impls",
         default="ddp,fsdp2,ds,ds-gloo,ds-mpi,ds-offload,ds-overlap,deepspeed",
         help="which implementations (ds: same-host collectives over shared memory; ds-gloo: over gloo; "
-        "ds-mpi: ds under mpirun, collectives over MPI)",
+        "ds-mpi: ds under mpirun, collectives over MPI; ds-mpi-shm: the same over shared memory)",
     )
     parser.add_argument("--json", default="bench_training.json", help="where to write every figure")
     parser.add_argument(

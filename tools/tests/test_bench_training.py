@@ -85,9 +85,12 @@ def bench_training_model() -> torch.nn.Module:
 def test_ds_mpi_cases_run_under_mpirun_and_get_their_own_ratio_line() -> None:
     import argparse
 
-    args = argparse.Namespace(impls="ddp,ds,ds-mpi,deepspeed", stages=[0, 1])
+    args = argparse.Namespace(impls="ddp,ds,ds-mpi,ds-mpi-shm,deepspeed", stages=[0, 1])
     cases = bench_training.plan_cases(args, [0, 1])
-    mpi = [c for c in cases if c.get("launcher") == "mpirun"]
+    shm = [c for c in cases if c.get("collectives") == "shm"]
+    assert [(c["stage"], c["launcher"]) for c in shm] == [(0, "mpirun"), (1, "mpirun")]
+    assert bench_training.case_label({**shm[0], "world": 2}) == "ds mpirun shm stage 0"
+    mpi = [c for c in cases if c.get("launcher") == "mpirun" and "collectives" not in c]
     assert [c["stage"] for c in mpi] == [0, 1] and all(c["impl"] == "ds" for c in mpi)
     spec = {**mpi[0], "world": 2}
     cmd = bench_training._case_command(spec, sys.executable)
@@ -99,9 +102,11 @@ def test_ds_mpi_cases_run_under_mpirun_and_get_their_own_ratio_line() -> None:
         {**row, "impl": "ddp", "stage": 0, "overhead_ms": 100.0},
         {**row, "impl": "ds", "stage": 0, "overhead_ms": 50.0},
         {**row, "impl": "ds", "stage": 0, "launcher": "mpirun", "overhead_ms": 25.0},
+        {**row, "impl": "ds", "stage": 0, "launcher": "mpirun", "collectives": "shm", "overhead_ms": 20.0},
         {**row, "impl": "deepspeed", "stage": 0, "overhead_ms": 200.0},
     ]
     text = bench_training.table(rows, 2, "fp32", 2)
     assert "| ds mpirun | 0 |" in text and "0.12x" in text  # 25 / 200 against DeepSpeed
     assert "ds stage 0 overhead / DDP overhead: 0.50x" in text  # the mpirun row does not replace ds's
     assert "ds mpirun stage 0 overhead / DDP overhead: 0.25x" in text
+    assert "ds mpirun shm stage 0 overhead / DDP overhead: 0.20x" in text
