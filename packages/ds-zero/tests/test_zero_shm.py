@@ -200,3 +200,39 @@ def test_a_transport_asked_for_by_name_and_not_taken_is_a_warning_with_every_ran
         "rank 0: this rank qualifies, another does not" in shm
         and "rank 1: /nonexistent-ds-zero is not writable" in shm
     ), shm
+
+
+def test_the_worker_drops_each_calls_tensors_once_it_has_run_and_all_before_waking_the_waiter():
+    """A batch's tensors ride along to keep their memory alive while their call runs; they must not live
+    longer (a launch's buffers would then outlast their collective, up to a thread switch after wait())."""
+    import threading
+    import weakref
+
+    host = _transport.HostTransport()
+    gate, seen = threading.Event(), {}
+    x, y = torch.ones(4), torch.ones(4)
+    first_t, second_t = weakref.ref(x), weakref.ref(y)
+
+    def first(x=x):
+        gate.wait()
+        x.add_(1)
+
+    def second(y=y):
+        seen["first's tensor while the second call runs"] = first_t() is not None
+        y.add_(1)
+
+    work = host.submit([(x, first), (y, second)])
+    del x, y, first, second
+
+    class Recording(threading.Event):
+        def set(self) -> None:
+            seen["second's tensor when the waiter is woken"] = second_t() is not None
+            super().set()
+
+    work._done = Recording()
+    gate.set()
+    work.wait()
+    assert seen == {
+        "first's tensor while the second call runs": False,
+        "second's tensor when the waiter is woken": False,
+    }

@@ -66,16 +66,24 @@ class HostTransport:
         self._thread.start()
 
     def _run(self) -> None:
-        while True:  # each batch runs in its own frame, so no tensor outlives its collective here
+        while True:
             self._run_one(*self._queue.get())
 
     def _run_one(self, calls: list[tuple[Any, Callable[[], None]]], work: Work) -> None:
+        """Each call's tensors (and the closure that holds them) are dropped as soon as it has run, and
+        all of them before the waiter is woken: none outlives its collective, not even by a thread switch."""
+        calls.reverse()  # popped from the end, in launch order
+        entry = None  # (tensors, call): held while the call runs, which may read the tensors' memory only
         try:
-            for _tensors, call in calls:
-                call()
+            while calls:
+                entry = calls.pop()
+                entry[1]()
                 self.calls += 1
+                entry = None
         except BaseException as exc:  # handed to the waiter, never lost in the thread
             work._error = exc
+        entry = None
+        calls.clear()
         work._done.set()
 
     def submit(self, calls: Sequence[tuple[Any, Callable[[], None]]]) -> Work:
