@@ -29,7 +29,7 @@ timeout 120 $PY -m pytest kernels/test_sparse_attn_kernels.py -q -p no:cacheprov
 echo "exit $?" >>"$OUT/kernel_tests.txt"
 
 echo "== benchmark ==" >"$OUT/bench.md"
-timeout 200 $PY kernels/bench_sparse_attn.py --device cuda --seqs 4096 16384 --repeats 10 \
+timeout 150 $PY kernels/bench_sparse_attn.py --device cuda --seqs 4096 16384 --repeats 10 \
   --json "$OUT/bench.json" >>"$OUT/bench.md" 2>&1
 echo "exit $?" >>"$OUT/bench.md"
 tail -n 3 "$OUT/kernel_tests.txt"

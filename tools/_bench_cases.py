@@ -97,7 +97,7 @@ class GPT(nn.Module):
         self.checkpoint: Any = None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1]))  # (B, T, C)
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))  # (B, T, C)
         for block in self.blocks:
             x = block(x) if self.checkpoint is None else self.checkpoint(block, x)
         logits = self.head(self.ln_f(x))  # (B, T, V)
