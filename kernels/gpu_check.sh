@@ -18,8 +18,8 @@ unset NUMBA_ENABLE_CUDASIM
 # numba-cuda (the [cuda] extra) and pytest, only if missing; the bindings extra matching the CUDA major.
 if ! $PY -c "import numba.cuda, numba_cuda" >/dev/null 2>&1; then
   CUDA_MAJOR=$($PY -c "import torch; print((torch.version.cuda or '12').split('.')[0])")
-  timeout 120 $PY -m pip install -q "numba-cuda[cu${CUDA_MAJOR}]" >>"$OUT/env.txt" 2>&1 \
-    || timeout 120 $PY -m pip install -q numba-cuda >>"$OUT/env.txt" 2>&1
+  timeout 120 $PY -m pip install -q --retries 0 --timeout 5 "numba-cuda[cu${CUDA_MAJOR}]" >>"$OUT/env.txt" 2>&1 \
+    || timeout 120 $PY -m pip install -q --retries 0 --timeout 5 numba-cuda >>"$OUT/env.txt" 2>&1
 fi
 $PY -c "import pytest" >/dev/null 2>&1 || timeout 60 $PY -m pip install -q pytest >>"$OUT/env.txt" 2>&1
 $PY -c "import numba, numba_cuda; from numba import cuda; print('numba', numba.__version__, 'numba-cuda', numba_cuda.__version__, 'gpu', cuda.is_available())" >>"$OUT/env.txt" 2>&1
