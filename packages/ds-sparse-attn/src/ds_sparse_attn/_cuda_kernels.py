@@ -43,6 +43,12 @@ def simulator_enabled() -> bool:
 
 @cache
 def _cuda() -> Any:
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        # numpy 2.5 removed this alias of vstack, which numba-cuda 0.30 still reads when it compiles a
+        # kernel (seen on an H200: numba-cuda 0.30.4, numpy 2.5.2); the alias restores what it named
+        np.row_stack = np.vstack
     try:
         from numba import cuda
     except ImportError as exc:
@@ -75,7 +81,9 @@ def kernels() -> SimpleNamespace:
 
 
 def _array(t: torch.Tensor) -> Any:
-    """A numba view of a torch tensor's memory (no copy)."""
+    """A numba view of a torch tensor's memory (no copy). Detached: torch refuses
+    ``__cuda_array_interface__`` on a tensor that requires grad, even inside an autograd Function."""
+    t = t.detach()
     if t.is_cuda:
         return _cuda().as_cuda_array(t)
     if not simulator_enabled():

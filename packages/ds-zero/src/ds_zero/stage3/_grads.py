@@ -112,7 +112,7 @@ class Stage3Reducer:
         b = self._buckets[k]
         if b.buf is None:  # no parameter of the bucket got a gradient: the owners still expect a sum
             dtype = self.params.parts[b.group].dtype
-            b.buf = torch.zeros(b.end - b.start, dtype=dtype, device=self.grad_parts.devices[b.group])
+            b.buf = torch.zeros(b.end - b.start, dtype=dtype, device=self.params.compute_devices[b.group])
         self._send(b)
 
     def _send(self, b: _Bucket) -> None:

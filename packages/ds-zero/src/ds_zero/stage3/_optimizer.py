@@ -182,7 +182,9 @@ class ZeroStage3Optimizer(LossScaledStep):
 
     def _global_norm_sq(self, grads: list[torch.Tensor]) -> float:
         """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan)."""
-        device = grads[0].device if grads else torch.device("cpu")
+        # reduced where the parameters compute: the gradient partitions may be in CPU memory (offload)
+        devices = self.params.compute_devices
+        device = devices[0] if devices else torch.device("cpu")
         return partition_norm_sq(
             list(zip(grads, self._norm_ranges)), device, self.process_group, self.mp_group
         )

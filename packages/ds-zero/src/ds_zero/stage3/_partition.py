@@ -74,6 +74,9 @@ class PartitionedParams:
         self.rank = group_rank(process_group)
         self.layouts: list[GroupLayout] = []
         self.parts: list[torch.Tensor] = []
+        # where each group's parameters compute, and so where its collectives run: with offload_param the
+        # partitions are in CPU memory, which nccl cannot carry
+        self.compute_devices: list[torch.device] = []
         self.slots: dict[int, ParamSlot] = {}  # id(param) -> slot
         self.on_write: Callable[[int, int, int], None] | None = None
         self.gather_calls = 0  # collectives issued to gather parameters (observed by the tests)
@@ -120,6 +123,7 @@ class PartitionedParams:
             del full
         self.layouts.append(layout)
         self.parts.append(part)
+        self.compute_devices.append(device)
 
     # ------------------------------------------------------------------ lookup
     def slot(self, p: torch.Tensor) -> ParamSlot | None:
