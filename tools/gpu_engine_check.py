@@ -9,7 +9,8 @@ which places it on the device as DeepSpeed's does, then takes ``--warmup`` + ``-
 batches. Before each step a plain forward+backward of an identical fp32 copy on the device is timed (the
 ceiling, as in tools/bench_training.py). Per case it prints losses, the median step and ceiling, bytes
 allocated on the device after the last step (``memory_allocated``) and the peak during it
-(``max_memory_allocated``, reset before it), and where the parameters' data and the optimizer state live.
+(``max_memory_allocated``, reset before it), both above what was allocated before the case (after a
+``gc.collect()``: an engine lives in reference cycles, so a deleted one holds its memory until then), and where the parameters' data and the optimizer state live.
 The reference is plain PyTorch on the device: AdamW and clipping at 1.0, fp32, the same batches.
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gc
 import json
 import statistics
 import sys
@@ -96,6 +98,10 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
         "steps_per_print": 10**9,
         **copy.deepcopy(extra),
     }
+    gc.collect()  # the previous case's engine sits in reference cycles (hooks): free its memory first
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    before = _allocated(device)
     model = make_model(d)  # on the host: the engine places it
     ceiling = copy.deepcopy(model).to(device)
     engine, *_ = ds_engine.initialize(model=model, config=config)
@@ -104,6 +110,8 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
     for i, (idx, tgt) in enumerate(_batches(d, n + 1, device)):
         if i == n:  # one more step, for memory
             del ceiling
+            loss = None  # the last step's graph is not part of the measured state
+            gc.collect()
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -136,8 +144,8 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
         "losses": losses,
         "step_ms": statistics.median(step_s) * 1e3,
         "ceiling_ms": statistics.median(ceiling_s) * 1e3,
-        "allocated_after_step_mib": _allocated(device) / 2**20,
-        "peak_during_step_mib": _peak(device) / 2**20,
+        "allocated_after_step_mib": (_allocated(device) - before) / 2**20,
+        "peak_during_step_mib": (_peak(device) - before) / 2**20,
         "model_params_on": sorted({str(p.device) for p in engine.module.parameters()}),
         "optimizer_params_on": sorted({str(p.device) for p in masters}),
         "optimizer_state_on": sorted({str(v.device) for v in state if v.numel() > 1}),

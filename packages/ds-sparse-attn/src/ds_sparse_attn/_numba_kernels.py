@@ -10,6 +10,10 @@ from numba import cuda, float32
 
 from ._cuda_kernels import ELEMENTWISE_THREADS, NEG_INF, POS_INF, ROW_THREADS, TILE
 
+# A shared array's shape must be a compile-time constant: numba-cuda 0.30 no longer folds ``TILE + 1``
+# written inside a kernel into one (seen on an H200), so the padded row length is a constant of its own.
+TILE_PADDED = TILE + 1  # one spare column: a tile's column reads fall in different shared-memory banks
+
 __all__ = [
     "dsd_kernel",
     "dsd_transposed_kernel",
@@ -37,8 +41,8 @@ def sdd_kernel(a, b, out, block_head, block_row, block_col):
     a_row0 = block_row[n] * bs
     b_row0 = block_col[n] * bs
     dim = a.shape[3]
-    sa = cuda.shared.array(shape=(TILE, TILE + 1), dtype=float32)
-    sb = cuda.shared.array(shape=(TILE, TILE + 1), dtype=float32)
+    sa = cuda.shared.array(shape=(TILE, TILE_PADDED), dtype=float32)
+    sb = cuda.shared.array(shape=(TILE, TILE_PADDED), dtype=float32)
     acc = float32(0.0)
     for d0 in range(0, dim, TILE):
         d = d0 + tx
@@ -148,8 +152,8 @@ def dsd_kernel(probs, x, out, row_ptr, block_col, alpha):
     ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
     i0, d0 = (tile // tiles_d) * TILE, (tile % tiles_d) * TILE
     h = r // num_blocks
-    sp = cuda.shared.array(shape=(TILE, TILE + 1), dtype=float32)
-    sx = cuda.shared.array(shape=(TILE, TILE + 1), dtype=float32)
+    sp = cuda.shared.array(shape=(TILE, TILE_PADDED), dtype=float32)
+    sx = cuda.shared.array(shape=(TILE, TILE_PADDED), dtype=float32)
     acc = float32(0.0)
     for n in range(row_ptr[r], row_ptr[r + 1]):
         x_row0 = block_col[n] * bs
@@ -184,8 +188,8 @@ def dsd_transposed_kernel(probs, x, out, col_ptr, col_perm, block_row, alpha):
     ty, tx = cuda.threadIdx.y, cuda.threadIdx.x
     j0, d0 = (tile // tiles_d) * TILE, (tile % tiles_d) * TILE
     h = c // num_blocks
-    sp = cuda.shared.array(shape=(TILE, TILE + 1), dtype=float32)
-    sx = cuda.shared.array(shape=(TILE, TILE + 1), dtype=float32)
+    sp = cuda.shared.array(shape=(TILE, TILE_PADDED), dtype=float32)
+    sx = cuda.shared.array(shape=(TILE, TILE_PADDED), dtype=float32)
     acc = float32(0.0)
     for e in range(col_ptr[c], col_ptr[c + 1]):
         n = col_perm[e]
