@@ -154,11 +154,11 @@ def enable(group: dist.ProcessGroup | None) -> HostTransport | None:
 
 
 def _warn_not_taken(wanted: str, mine: str, group: dist.ProcessGroup | None) -> None:
-    """Rank 0 logs every rank's reason (a collective: each rank that failed to agree calls it)."""
+    """The group's rank 0 logs every rank's reason (a collective: each rank that failed to agree calls it)."""
     world = dist.get_world_size(group)
     reasons: list[Any] = [None] * world
     dist.all_gather_object(reasons, mine, group=group)
-    if dist.get_rank() == 0:
+    if dist.get_rank(group) == 0:
         logger.warning(
             "ds-zero: %s=%s was not taken for a %d-rank group; torch.distributed carries its collectives. %s",
             ENV, wanted, world, "; ".join(f"rank {r}: {why}" for r, why in enumerate(reasons)),
