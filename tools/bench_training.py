@@ -261,6 +261,7 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
         and not r.get("launcher")
         and not r.get("collectives")
     }
+
     def stage_overheads(launcher: str | None, collectives: str | None) -> dict[int, float]:
         return {
             r["stage"]: r["overhead_ms"]
@@ -302,7 +303,9 @@ def table(rows: list[dict], world: int, dtype: str, repeats: int) -> str:
     if 0 in over_mpi and ("ddp", 0) in over:
         lines += [f"ds mpirun stage 0 overhead / DDP overhead: {_ratio(over_mpi[0], over[('ddp', 0)])}"]
     if 0 in over_mpi_shm and ("ddp", 0) in over:
-        lines += [f"ds mpirun shm stage 0 overhead / DDP overhead: {_ratio(over_mpi_shm[0], over[('ddp', 0)])}"]
+        lines += [
+            f"ds mpirun shm stage 0 overhead / DDP overhead: {_ratio(over_mpi_shm[0], over[('ddp', 0)])}"
+        ]
     if 0 in over_gloo and ("ddp", 0) in over:
         lines += [f"ds gloo stage 0 overhead / DDP overhead: {_ratio(over_gloo[0], over[('ddp', 0)])}"]
     return "\n".join(lines)

@@ -20,6 +20,7 @@ import argparse
 import copy
 import gc
 import json
+import os
 import statistics
 import sys
 import time
@@ -84,7 +85,7 @@ def reference(d: ModelDims, n: int, device: torch.device) -> list[float]:
         nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     return losses
 
 
@@ -130,7 +131,7 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
         engine.step()
         _sync(device)
         t2 = time.perf_counter()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if i >= args.warmup:
             ceiling_s.append(t1 - t0)
             step_s.append(t2 - t1)
@@ -174,8 +175,6 @@ def main() -> int:
     parser.add_argument("--cases", default=",".join(CASES), help="comma-separated case names")
     parser.add_argument("--json", default="gpu_engine_check.json")
     args = parser.parse_args()
-    import os
-
     os.environ.setdefault("DS_ACCELERATOR", args.device)
     device = torch.device(args.device)
     d = MODELS[args.model]
