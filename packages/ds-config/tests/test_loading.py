@@ -222,3 +222,26 @@ def test_amp_initialize_kwargs_pass_extra_keys_through():
     assert cfg.amp.initialize_kwargs() == {"opt_level": "O2", "loss_scale": "dynamic", "num_losses": 1,
                                            "verbosity": 1, "max_loss_scale": 2.0**24,
                                            "my_new_apex_option": [1, 2]}  # fmt: skip
+
+
+def test_config_error_from_one_message_is_one_problem():
+    error = ConfigError("train_batch_size is required")
+    assert len(error.problems) == 1 and error.paths == ["<root>"]
+    assert str(error).startswith("1 problem in DeepSpeed config:")
+    assert "train_batch_size is required" in str(error)
+
+
+def test_config_error_survives_pickling():
+    """A rank's error sent to another process (multiprocessing, a gathered object) keeps its problems."""
+    import pickle
+
+    with pytest.raises(ConfigError) as raised:
+        load_config({"train_batch_size": "x", "gradient_clipping": -1}, world_size=1)
+    original = raised.value
+    copy = pickle.loads(pickle.dumps(original))
+    assert type(copy) is ConfigError
+    assert copy.problems == original.problems and str(copy) == str(original)
+    assert copy.source == original.source and copy.hint == original.hint
+    # a problem without an offending value stays one after the round trip
+    bare = pickle.loads(pickle.dumps(ConfigError("no value here")))
+    assert str(bare.problems[0]) == "<root>: no value here"

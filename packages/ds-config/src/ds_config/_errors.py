@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-_NO_VALUE = object()
+
+class _NoValue:
+    """The marker for "no offending value"; pickles by name, so it stays the one marker across processes."""
+
+    def __repr__(self) -> str:
+        return "<no value>"
+
+    def __reduce__(self) -> str:
+        return "_NO_VALUE"
+
+
+_NO_VALUE = _NoValue()
 
 
 @dataclass(frozen=True)
@@ -35,18 +46,32 @@ def _short_repr(value: Any, limit: int = 80) -> str:
 class ConfigError(ValueError):
     """Every problem found in a DeepSpeed config, reported at once.
 
-    ``problems`` holds one :class:`ConfigProblem` per problem; ``str(error)`` lists them all.
+    ``problems`` holds one :class:`ConfigProblem` per problem; ``str(error)`` lists them all. A single
+    message (``ConfigError("...")``, as code raising DeepSpeed-style errors writes) or a single
+    :class:`ConfigProblem` is one problem about the config as a whole. The error pickles with its
+    problems, so a rank can send it to another process.
     """
 
     def __init__(
-        self, problems: list[ConfigProblem], source: str | None = None, hint: str | None = None
+        self,
+        problems: list[ConfigProblem] | ConfigProblem | str,
+        source: str | None = None,
+        hint: str | None = None,
     ) -> None:
+        if isinstance(problems, str):
+            problems = [ConfigProblem("<root>", problems)] if problems else []
+        elif isinstance(problems, ConfigProblem):
+            problems = [problems]
         if not problems:
             raise ValueError("ConfigError needs at least one problem")
         self.problems = list(problems)
         self.source = source
         self.hint = hint
         super().__init__(self._render())
+
+    def __reduce__(self) -> tuple:
+        # the default rebuilds from ``args`` (the rendered text); rebuild from the problems instead
+        return (type(self), (self.problems, self.source, self.hint), self.__dict__)
 
     def _render(self) -> str:
         where = f" ({self.source})" if self.source else ""

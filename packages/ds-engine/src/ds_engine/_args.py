@@ -10,8 +10,13 @@ from typing import Any
 logger = logging.getLogger("ds_engine")
 
 
-class InitializeError(ValueError):
-    """initialize() was called with arguments that cannot work together; the message says what to change."""
+class InitializeError(ValueError, AssertionError):
+    """initialize() was called with arguments that cannot work together; the message says what to change.
+
+    DeepSpeed checks these arguments with ``assert`` (no model, a config in both the arguments and the call,
+    no config, a local-rank mismatch), so this is also an ``AssertionError``: code written against DeepSpeed
+    that catches ``AssertionError`` catches it.
+    """
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

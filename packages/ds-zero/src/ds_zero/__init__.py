@@ -9,7 +9,7 @@ mpirun (``_mpi.py``), else over shared memory when the ranks share a host (``_sh
 
 from ._comm import AveragingRule
 from ._config_fields import CONFIG_FIELDS
-from ._errors import ZeroConfigError
+from ._errors import ZeroAssertionError, ZeroConfigError
 from ._layout import GroupLayout
 from ._memory import MemoryReport
 from ._options import TESTED_OPTIMIZERS, ZeroOptions
@@ -47,6 +47,7 @@ __all__ = [
     "PartitionOnConstruction",
     "SHARD_FORMAT",
     "TESTED_OPTIMIZERS",
+    "ZeroAssertionError",
     "ZeroConfigError",
     "ZeroOptimizer",
     "ZeroOptions",

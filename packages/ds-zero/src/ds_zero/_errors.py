@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
-__all__ = ["ZeroConfigError"]
+__all__ = ["ZeroAssertionError", "ZeroConfigError"]
 
 
 class ZeroConfigError(ValueError):
     """An option or combination of options that ZeRO cannot honour; the message says what to change."""
+
+
+class ZeroAssertionError(ZeroConfigError, AssertionError):
+    """A :class:`ZeroConfigError` where DeepSpeed fails an ``assert`` (an untested optimizer without
+    ``zero_allow_untested_optimizer``, an unused parameter with ``ignore_unused_parameters: false``).
+
+    It is also an ``AssertionError``, so code written against DeepSpeed that catches ``AssertionError``
+    there catches it; code catching ds's ``ZeroConfigError`` or ``ValueError`` does too.
+    """

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from ds_config import DSConfig
 
-from ._errors import ZeroConfigError
+from ._errors import ZeroAssertionError, ZeroConfigError
 
 __all__ = [
     "DEFAULT_BUCKET_ELEMS",
@@ -141,7 +141,7 @@ def check_step_options(
     name = type(optimizer).__name__
     elementwise = getattr(optimizer, "ds_zero_elementwise", False)
     if name not in TESTED_OPTIMIZERS and not elementwise and not allow_untested_optimizer:
-        raise ZeroConfigError(
+        raise ZeroAssertionError(  # DeepSpeed asserts here
             f"optimizer {name} is not tested with ZeRO (tested: {', '.join(sorted(TESTED_OPTIMIZERS))}); "
             "ZeRO steps flat slices, which is only correct for element-wise updates. Set "
             '"zero_allow_untested_optimizer": true to use it anyway'

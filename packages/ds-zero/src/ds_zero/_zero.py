@@ -12,7 +12,7 @@ from torch import nn
 
 from . import _transport
 from ._comm import AveragingRule, ProcessGroup, group_rank, group_size
-from ._errors import ZeroConfigError
+from ._errors import ZeroAssertionError, ZeroConfigError
 from ._memory import MemoryReport, memory_report
 from ._options import ZeroOptions, check_options
 from ._partition import FlatGroup, build_group
@@ -199,8 +199,8 @@ class ZeroOptimizer(LossScaledStep):
         self._check_late_gradients()
         if self.stage == 1:
             self._reducer.flush()
-        if self._steps_taken == 0 and not self.options.ignore_unused_parameters:
-            self._check_unused()
+        if self.options.cpu_offload and not self.options.ignore_unused_parameters:
+            self._check_unused()  # DeepSpeed checks at every step, and only with optimizer offload
         divisor = self._begin_step(global_norm_sq(self.groups, self.process_group, self.mp_group))
         # the partition's reduced gradient is in grad_part: stage 1's full flat gradient is read no more
         for g in self.groups:
@@ -251,13 +251,17 @@ class ZeroOptimizer(LossScaledStep):
             )
 
     def _check_unused(self) -> None:
-        """``ignore_unused_parameters: false``: name every parameter that got no gradient this window."""
+        """``ignore_unused_parameters: false`` with offload: name every parameter without a gradient this window.
+
+        DeepSpeed makes this check only where it computes the gradient norm on offloaded partitions (ZeRO 1
+        and 2 with ``offload_optimizer``), as an ``assert``; without offload an unused parameter is fine.
+        """
         got = self._reducer.got_grad
         unused = [n for g in self.groups for n, p in zip(g.names, g.params) if id(p) not in got]
         if unused:
-            raise ZeroConfigError(
+            raise ZeroAssertionError(
                 f"zero_optimization.ignore_unused_parameters is false and {len(unused)} parameter(s) got no "
-                f"gradient in the first step: {', '.join(unused)}. Use them in the loss, freeze them "
+                f"gradient in this step: {', '.join(unused)}. Use them in the loss, freeze them "
                 "(requires_grad=False), or set ignore_unused_parameters to true"
             )
 
