@@ -109,9 +109,15 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         with self.timers.time(FORWARD):
             return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """Backward of ``loss / gradient_accumulation_steps`` (scaled for fp16); reduce at a boundary."""
-        gas = self.gradient_accumulation_steps()
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
+        """Backward of ``loss / gradient_accumulation_steps`` (scaled for fp16); reduce at a boundary.
+
+        Returns ``loss / gradient_accumulation_steps`` (``loss`` itself with ``scale_wrt_gas=False``), as
+        DeepSpeed 0.19.8 does: the loss scaled for accumulation, never the fp16 loss scale.
+        """
+        gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         scaled = loss.float() / gas if gas > 1 else loss
         # inside no_sync() the boundary backward keeps its gradients local, as DeepSpeed's does
         boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
@@ -133,7 +139,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
                     reducer.reduce()
                     if hasattr(self.optimizer, "gradients_reduced"):
                         self.optimizer.gradients_reduced()
-        return loss
+        return loss / gas if scale_wrt_gas else loss
 
     def step(self) -> None:
         """One micro-step; at a boundary: optimizer step, LR step (unless skipped), counters, logging."""
@@ -226,6 +232,8 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         save_latest: bool = True,
     ) -> bool:
         """Save on every rank: weights (rank 0), this rank's optimizer shard, schedule, counters, client state."""
+        if not save_dir:  # None or "": DeepSpeed 0.19.8 refuses both with this ValueError
+            raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         ds_checkpoint.save_state(
             save_dir,

@@ -1,0 +1,82 @@
+"""Record what DeepSpeed 0.19.8 returns and raises where ds's behaviour must match it name for name.
+
+Run from the repository root with a Python that has deepspeed==0.19.8 installed (CPU accelerator):
+
+    DS_ACCELERATOR=cpu /work/refenv/bin/python tools/make_deepspeed_behaviour_fixtures.py
+
+Writes ``packages/ds-engine/tests/fixtures/deepspeed_behaviour.json``, which
+``packages/ds-engine/tests/test_deepspeed_behaviour.py`` compares ds against: the value ``backward(loss)``
+returns (gradient accumulation 2, fp32 and fp16 with its loss scale, and ``scale_wrt_gas=False``), and the
+exception class and message of ``save_checkpoint(None)`` / ``save_checkpoint("")``, ``initialize(model=None)``
+and a client optimizer ZeRO has not tested without ``zero_allow_untested_optimizer``. One process, world 1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[1] / "packages/ds-engine/tests/fixtures/deepspeed_behaviour.json"
+LOSS = 4.59375  # the loss every case feeds to backward (exact in fp16 and bf16)
+
+
+def _net(torch, dtype):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).to(dtype)
+
+
+def _error(fn) -> dict | None:
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - the class is what is recorded
+        return {"mro": [c.__name__ for c in type(exc).__mro__], "message": str(exc)}
+    return None
+
+
+def main() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    import deepspeed
+    import torch
+
+    out: dict = {"deepspeed": deepspeed.__version__, "loss": LOSS, "backward": {}}
+
+    def engine(dtype, extra=None, optimizer=None):
+        model = _net(torch, dtype)
+        opt = optimizer(model.parameters()) if optimizer else torch.optim.SGD(model.parameters(), lr=0.1)
+        config = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 2, **(extra or {})}
+        return deepspeed.initialize(model=model, optimizer=opt, config=config)[0]
+
+    cases = {"fp32": (torch.float32, {}), "fp16": (torch.float16, {"fp16": {"enabled": True}})}
+    for name, (dtype, extra) in cases.items():
+        try:
+            eng = engine(dtype, extra)
+            for wrt in (True, False):
+                x = torch.randn(1, 4, dtype=dtype)
+                loss = eng(x).float().sum() * 0 + LOSS
+                got = eng.backward(loss, scale_wrt_gas=wrt)
+                out["backward"][f"{name}.scale_wrt_gas={wrt}"] = {"value": float(got), "dtype": str(got.dtype)}
+            out["backward"][f"{name}.loss_scale"] = float(getattr(eng.optimizer, "loss_scale", 1.0))
+        except Exception as exc:  # noqa: BLE001 - recorded: this DeepSpeed cannot run the case on CPU
+            out["backward"][name] = {"not_run": f"{type(exc).__name__}: {exc}"[:300]}
+
+    eng = engine(torch.float32, {"gradient_accumulation_steps": 1})
+    out["save_checkpoint_none"] = _error(lambda: eng.save_checkpoint(None))
+    out["save_checkpoint_empty"] = _error(lambda: eng.save_checkpoint(""))
+    out["initialize_model_none"] = _error(
+        lambda: deepspeed.initialize(model=None, config={"train_micro_batch_size_per_gpu": 1})
+    )
+    out["untested_client_optimizer"] = _error(
+        lambda: engine(torch.float32, {"zero_optimization": {"stage": 1}}, lambda p: torch.optim.RMSprop(p))
+    )
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
