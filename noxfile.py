@@ -136,9 +136,11 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def docs(session: nox.Session) -> None:
-    """Package contracts (no sibling imports, lock-step versions, a consumer for every config key), the reference."""
+    """Package contracts (no sibling imports, no import circle inside a package, lock-step versions, a consumer
+    for every config key), the reference."""
     session.install("pytest", "pytest-timeout", "pydantic>=2.6,<3", _local("ds-config"))
     session.run("python", "tools/check_deps.py")
+    session.run("python", "tools/check_import_cycles.py")
     session.run("python", "tools/gen_config_reference.py", "--check")
     session.run("python", "tools/check_config_consumers.py")
     session.run("python", "-m", "pytest", "tools/tests", "-q")

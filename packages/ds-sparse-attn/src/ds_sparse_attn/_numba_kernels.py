@@ -8,7 +8,7 @@ import math
 
 from numba import cuda, float32
 
-from ._cuda_kernels import ELEMENTWISE_THREADS, NEG_INF, POS_INF, ROW_THREADS, TILE
+from ._kernel_shape import ELEMENTWISE_THREADS, NEG_INF, POS_INF, ROW_THREADS, TILE
 
 # A shared array's shape must be a compile-time constant: numba-cuda 0.30 no longer folds ``TILE + 1``
 # written inside a kernel into one (seen on an H200), so the padded row length is a constant of its own.

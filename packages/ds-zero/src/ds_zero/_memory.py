@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from ._zero import ZeroOptimizer
+    from ._protocol import FlatShardedOptimizer
 
 __all__ = ["MemoryReport", "memory_report"]
 
@@ -29,7 +29,7 @@ class MemoryReport:
         return self.param_bytes + self.master_param_bytes + self.grad_bytes + self.optimizer_state_bytes
 
 
-def memory_report(zero: ZeroOptimizer) -> MemoryReport:
+def memory_report(zero: FlatShardedOptimizer) -> MemoryReport:
     """Count the bytes of ``zero``'s buffers; a tensor sharing storage with one already counted adds 0."""
     seen: set[int] = set()
 

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._transport import HostTransport, Work
+from ._host_transport import HostTransport, Work
 
 __all__ = ["MpiTransport", "enable"]
 

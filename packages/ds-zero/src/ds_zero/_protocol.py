@@ -1,10 +1,19 @@
-"""The loss-scaler interface ZeRO needs; ds_precision's scalers satisfy it without importing ds_zero."""
+"""Interfaces: the loss scaler ZeRO needs (ds_precision's scalers satisfy it without importing ds_zero), and
+what the memory report and the sharded state read of a stage 1/2 optimizer (so that ``_memory`` and
+``_state`` need not import ``_zero``, which imports them)."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-__all__ = ["LossScalerProtocol"]
+if TYPE_CHECKING:
+    import torch
+
+    from ._comm import ProcessGroup
+    from ._options import ZeroOptions
+    from ._partition import FlatGroup
+
+__all__ = ["FlatShardedOptimizer", "LossScalerProtocol"]
 
 
 @runtime_checkable
@@ -23,3 +32,20 @@ class LossScalerProtocol(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+class FlatShardedOptimizer(Protocol):
+    """What ``_memory.memory_report`` and ``_state`` read of ``ZeroOptimizer`` (stages 1 and 2)."""
+
+    groups: list[FlatGroup]
+    optimizer: torch.optim.Optimizer
+    options: ZeroOptions
+    stage: int
+    clip_grad: float
+    skipped_steps: int
+    scaler: LossScalerProtocol | None
+    dp: int
+    rank: int
+    process_group: ProcessGroup | None
+
+    def staging_buffers(self) -> list[torch.Tensor]: ...

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._transport import HostTransport, Work
+from ._host_transport import HostTransport, Work
 
 __all__ = ["CHUNK", "ShmTransport", "enable"]
 

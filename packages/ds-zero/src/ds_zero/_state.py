@@ -11,7 +11,7 @@ from ._partition import FlatGroup
 from ._step import gather_partitions
 
 if TYPE_CHECKING:
-    from ._zero import ZeroOptimizer
+    from ._protocol import FlatShardedOptimizer
 
 __all__ = ["SHARD_FORMAT", "load_sharded_state", "sharded_state", "split_group_state"]
 
@@ -46,7 +46,7 @@ def split_group_state(
     return scalars
 
 
-def sharded_state(zero: ZeroOptimizer) -> tuple[dict[str, torch.Tensor], dict]:
+def sharded_state(zero: FlatShardedOptimizer) -> tuple[dict[str, torch.Tensor], dict]:
     """This rank's optimizer state, padding stripped: ``(tensors, meta)``."""
     tensors: dict[str, torch.Tensor] = {}
     groups_meta = []
@@ -86,7 +86,7 @@ def sharded_state(zero: ZeroOptimizer) -> tuple[dict[str, torch.Tensor], dict]:
     return tensors, meta
 
 
-def load_sharded_state(zero: ZeroOptimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+def load_sharded_state(zero: FlatShardedOptimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Load this rank's slice of the NEW partitioning (resharded by the caller); collective."""
     if meta.get("format") != SHARD_FORMAT:
         raise ZeroConfigError(f"optimizer shard format {meta.get('format')!r} is not {SHARD_FORMAT!r}")
@@ -107,7 +107,11 @@ def load_sharded_state(zero: ZeroOptimizer, tensors: dict[str, torch.Tensor], me
 
 
 def _load_group(
-    zero: ZeroOptimizer, g: FlatGroup, gm: dict, tensors: dict[str, torch.Tensor], tensor_scalars: set[str]
+    zero: FlatShardedOptimizer,
+    g: FlatGroup,
+    gm: dict,
+    tensors: dict[str, torch.Tensor],
+    tensor_scalars: set[str],
 ) -> None:
     if gm["numel"] != g.layout.numel:
         raise ZeroConfigError(

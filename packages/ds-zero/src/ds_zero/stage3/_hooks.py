@@ -8,7 +8,7 @@
   Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
 * the end of each backward releases whatever is left (parameters that got no gradient).
 
-Every fetch and release goes through ``FetchSchedule`` (``_schedule``), which may gather the next
+Every fetch and release goes through ``FetchSchedule`` (``_fetch``), which may gather the next
 modules' parameters early and keep a released one whole when it is used again soon.
 """
 
@@ -22,8 +22,8 @@ import torch
 from torch import nn
 
 from .._weak_hook import weak_post_accumulate_grad_hook
+from ._fetch import FetchSchedule
 from ._partition import ParamSlot, PartitionedParams
-from ._schedule import FetchSchedule
 
 __all__ = ["GatherHooks", "register_external_parameter"]
 

@@ -13,13 +13,13 @@ from .._errors import ZeroConfigError
 from .._options import check_step_options
 from .._protocol import LossScalerProtocol
 from .._step import LossScaledStep, partition_norm_sq
+from ._fetch import FetchSchedule
 from ._grad_parts import GradPartitions
 from ._grads import Stage3Reducer
 from ._heap import release_freed_heap
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
-from ._schedule import FetchSchedule
 from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
 
@@ -34,7 +34,7 @@ class ZeroStage3Optimizer(LossScaledStep):
     master and the inner optimizer's state (the inner optimizer is re-pointed at the fp32 partition, cut
     into ``sub_group_size`` views stepped one at a time, see ``_subgroups``; in fp32 training the master
     *is* the weight partition). Parameters are whole while a module's forward or backward runs, and when
-    the fetch schedule prefetches or keeps them (see ``_hooks``, ``_schedule``); gradients are reduced
+    the fetch schedule prefetches or keeps them (see ``_hooks``, ``_fetch``); gradients are reduced
     to their owners as backward produces them (see ``_grads``), launched by the ``BucketSchedule`` of
     stages 0-2. The contract per step is the one of ``ZeroOptimizer``: ``backward(loss)`` every
     micro-step (or ``loss.backward()`` then ``micro_step_done()``), ``step()`` at the boundary (False
