@@ -74,6 +74,7 @@ def package_tests(session: nox.Session, package: str) -> None:
         "pytest",
         f"packages/{package}/tests",
         "-q",
+        "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
         *PARALLEL,
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-p",
@@ -92,6 +93,7 @@ def kernels(session: nox.Session) -> None:
         "pytest",
         "kernels",
         "-q",
+        "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
         "-n",
         "2",
         f"--timeout={PER_TEST_TIMEOUT_S}",
@@ -120,6 +122,7 @@ def integration(session: nox.Session, world_size: int) -> None:
             else []
         ),
         "-q",
+        "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
         "--durations=15",  # the slowest tests, for whoever trims CI time next
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,
@@ -143,7 +146,7 @@ def docs(session: nox.Session) -> None:
     session.run("python", "tools/check_import_cycles.py")
     session.run("python", "tools/gen_config_reference.py", "--check")
     session.run("python", "tools/check_config_consumers.py")
-    session.run("python", "-m", "pytest", "tools/tests", "-q")
+    session.run("python", "-m", "pytest", "tools/tests", "-q", "-rs")
 
 
 @nox.session

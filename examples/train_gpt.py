@@ -9,7 +9,8 @@ WarmupDecayLR schedule, a checkpoint every ``--save-every`` steps and ``--resume
     ds-launch --hostfile hosts --launcher mpi examples/train_gpt.py --model-size medium
 
 On rank 0 it shows a progress bar, the engine's ``steps_per_print`` lines, and at the end writes a
-loss-curve PNG and ``metrics.json`` into ``--out``, prints a generated sample and the last checkpoint.
+loss-curve PNG, ``metrics.json`` and the generated sample (``sample.txt``, also printed) into ``--out``,
+and prints the last checkpoint.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--sample-bytes", type=int, default=300, help="length of the generated sample (0: none)")
     p.add_argument("--local_rank", type=int, default=-1, help=argparse.SUPPRESS)  # passed by ds-launch
     args = p.parse_args(argv)
+    if not args.config.is_file():  # one line, not a traceback from json.loads(read_text())
+        p.exit(1, f"{p.prog}: --config {args.config}: no such file\n")
     for name in ("steps", "seq_len", "eval_every", "save_every", "corpus_bytes"):
         if getattr(args, name) <= 0:
             p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
@@ -394,6 +397,7 @@ class Trainer:
         plot_losses(self.history, self.baseline, png)
         val = metrics["final_val_loss_nats"]
         if text is not None:
+            (out / "sample.txt").write_text(text, encoding="utf-8")
             print(
                 f"\n--- sample (temperature 0.8, top-k 40, prompt {self.args.prompt!r}) ---\n{text}\n---",
                 flush=True,
@@ -412,7 +416,9 @@ class Trainer:
             flush=True,
         )
         print(
-            f"loss curve: {png}\nmetrics: {out / 'metrics.json'}\nlast checkpoint: {self.last_ckpt}",
+            f"loss curve: {png}\nmetrics: {out / 'metrics.json'}\n"
+            + (f"sample: {out / 'sample.txt'}\n" if text is not None else "")
+            + f"last checkpoint: {self.last_ckpt}",
             flush=True,
         )
 

@@ -48,6 +48,9 @@ def test_short_run_learns_checkpoints_and_resumes(tmp_path: Path, ws: int) -> No
     assert m["val_curve"][-1][1] < m["val_curve"][0][1] < INITIAL_LOSS, m["val_curve"]
     assert "validation loss" in first.stdout and "last checkpoint:" in first.stdout
 
+    sample = (out / "sample.txt").read_text(encoding="utf-8")
+    assert sample.startswith("def ") and len(sample.encode()) >= 16
+
     png = out / "loss_curve.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     ckpts = out / "checkpoints"
@@ -112,3 +115,18 @@ def test_data_stream_is_the_same_at_any_world_size(monkeypatch: pytest.MonkeyPat
         assert torch.equal(x_single[:, 1:], y_single[:, :-1])  # targets are the inputs shifted by one byte
         assert one.position == two.position
     assert len({tuple(row.tolist()) for row in x_single}) == 4  # distinct windows, not one repeated
+
+
+def test_missing_config_is_one_line(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "train_gpt.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--config", "missing.json", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == ["train_gpt.py: --config missing.json: no such file"], done.stderr

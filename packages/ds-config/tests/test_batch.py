@@ -155,3 +155,40 @@ def test_a_batch_smaller_than_one_micro_batch_quotes_the_users_numbers():
         '"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16, "gradient_accumulation_steps": 1'
         in text
     )
+
+
+def _proposed(text: str) -> list[tuple[int, int, int]]:
+    import re
+
+    pattern = r'"train_batch_size": (\d+), "train_micro_batch_size_per_gpu": (\d+), "gradient_accumulation_steps": (\d+)'
+    return [tuple(int(v) for v in m) for m in re.findall(pattern, text)]
+
+
+def test_proposal_keeps_the_users_accumulation_steps():
+    # tbs and gas given, the micro batch derived as 2: 8 != 2 * 3 * 1. No triple keeps both; the first
+    # proposal keeps the user's gradient_accumulation_steps (3), not the derived micro batch.
+    with pytest.raises(ConfigError) as info:
+        derive_batch_sizes(8, None, 3, 1)
+    assert _proposed(str(info.value))[0] == (9, 3, 3)
+
+
+@pytest.mark.parametrize("tbs", [6, 8, 10, 12, 30, 32, 33])
+@pytest.mark.parametrize("mbs", [None, 1, 3, 4])
+@pytest.mark.parametrize("gas", [None, 1, 2, 3])
+@pytest.mark.parametrize("w", [1, 2, 4])
+def test_every_proposal_is_consistent_and_keeps_as_many_given_values_as_possible(tbs, mbs, gas, w):
+    try:
+        derive_batch_sizes(tbs, mbs, gas, w)
+    except ConfigError as error:
+        text = str(error)
+    else:
+        return
+    triples = _proposed(text)
+    assert triples, text
+    given = (tbs, mbs, gas)
+    # the most given values any consistent triple keeps (brute force over a box around the values)
+    box = [(m * g * w, m, g) for m in range(1, 40) for g in range(1, 40)]
+    best = max(sum(v is not None and v == t for v, t in zip(given, triple)) for triple in box)
+    for t, m, g in triples:
+        assert t == m * g * w, text
+        assert sum(v is not None and v == x for v, x in zip(given, (t, m, g))) == best, text

@@ -69,3 +69,9 @@ def test_no_torch_import():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
+
+
+def test_explain_missing_file_is_one_line(capsys):
+    assert main(["explain", "missing.json"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("DeepSpeed config missing.json: no such file"), err

@@ -39,7 +39,25 @@ def test_base64_without_padding():
     assert load_config(text).train_batch_size == 1
 
 
-@pytest.mark.parametrize("source", ["/no/such/file.json", "not base64 !!", 42, None, ["train_batch_size"]])
+@pytest.mark.parametrize("source", ["missing.json", "/no/such/file.json", "configs/ds"])
+def test_missing_file_is_one_line_naming_it(source):
+    with pytest.raises(ConfigError) as info:
+        load_config(source)
+    text = str(info.value)
+    assert text.splitlines() == [text]  # one line
+    assert text.startswith(f"DeepSpeed config {source}: no such file (the working directory is ")
+
+
+def test_directory_and_unreadable_file_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"^DeepSpeed config .*: is a directory, not a JSON config file$"):
+        load_config(tmp_path)
+    binary = tmp_path / "ds.json"
+    binary.write_bytes(b"\xff\xfe{}")
+    with pytest.raises(ConfigError, match=r"^DeepSpeed config .*ds\.json: not UTF-8 text \(.*\)$"):
+        load_config(binary)
+
+
+@pytest.mark.parametrize("source", ["not base64 !!", 42, None, ["train_batch_size"]])
 def test_bad_source(source):
     with pytest.raises(ConfigError, match="expected a dict, a path"):
         load_config(source)

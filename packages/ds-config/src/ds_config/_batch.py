@@ -68,7 +68,8 @@ def derive_batch_sizes(
                 )
             ]
         )
-    problem = _first_failed_assertion(tbs, mbs, gas, w, world_size_source)
+    given = (train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps)
+    problem = _first_failed_assertion(tbs, mbs, gas, w, world_size_source, given)
     if problem is not None:
         raise ConfigError([problem])
     return BatchSizes(tbs, mbs, gas, w, world_size_source)
@@ -104,17 +105,19 @@ def _too_small_to_split(
     )
 
 
-def _first_failed_assertion(tbs: int, mbs: int, gas: int, w: int, source: str) -> ConfigProblem | None:
+def _first_failed_assertion(
+    tbs: int, mbs: int, gas: int, w: int, source: str, given: tuple[int | None, ...]
+) -> ConfigProblem | None:
     where = f"world size {w} from {source}"
     if tbs <= 0:
         return ConfigProblem(TBS, f"Train batch size: {tbs} has to be greater than 0 ({where})", tbs)
     if mbs <= 0:
-        hint = _proposal(tbs, mbs, gas, w)
+        hint = _proposal(tbs, mbs, gas, w, given)
         return ConfigProblem(
             MBS, f"Micro batch size per gpu: {mbs} has to be greater than 0 ({where}); {hint}", mbs
         )
     if gas <= 0:
-        hint = _proposal(tbs, mbs, gas, w)
+        hint = _proposal(tbs, mbs, gas, w, given)
         return ConfigProblem(
             GAS, f"Gradient accumulation steps: {gas} has to be greater than 0 ({where}); {hint}", gas
         )
@@ -122,24 +125,46 @@ def _first_failed_assertion(tbs: int, mbs: int, gas: int, w: int, source: str) -
         return ConfigProblem(
             TBS,
             f"{TBS} is not equal to {MBS} * {GAS} * world_size: {tbs} != {mbs} * {gas} * {w} "
-            f"({where}); {_proposal(tbs, mbs, gas, w)}",
+            f"({where}); {_proposal(tbs, mbs, gas, w, given)}",
             tbs,
         )
     return None
 
 
-def _proposal(tbs: int, mbs: int, gas: int, w: int) -> str:
-    """A consistent triple close to the given one, keeping the micro batch when it is usable."""
-    if mbs > 0:
+def _proposal(tbs: int, mbs: int, gas: int, w: int, given: tuple[int | None, ...]) -> str:
+    """Consistent triples close to the given one that keep as many of the values the user set as any
+    consistent triple at this world size can (the user's gradient_accumulation_steps included)."""
+    g_tbs, g_mbs, g_gas = (v if v is not None and v > 0 else None for v in given)
+    candidates: list[tuple[int, int, int]] = []
+    if g_mbs and g_gas:
+        candidates.append((g_mbs * g_gas * w, g_mbs, g_gas))
+    if g_tbs and g_mbs and g_tbs % (g_mbs * w) == 0:
+        candidates.append((g_tbs, g_mbs, g_tbs // (g_mbs * w)))
+    if g_tbs and g_gas and g_tbs % (g_gas * w) == 0:
+        candidates.append((g_tbs, g_tbs // (g_gas * w), g_gas))
+    if g_gas:
+        m = max(1, round(tbs / (g_gas * w)))
+        candidates.append((m * g_gas * w, m, g_gas))
+    if mbs > 0:  # the micro batch (given or derived) with the accumulation that comes closest to tbs
         new_gas = max(1, round(tbs / (mbs * w)))
-        new_mbs = mbs
-    else:
+        candidates.append((mbs * new_gas * w, mbs, new_gas))
+    if g_tbs and g_tbs % w == 0:  # the global batch, split with accumulation near the user's (or 1)
+        per_rank = g_tbs // w
+        divisors = [d for d in range(1, per_rank + 1) if per_rank % d == 0]
+        d = min(divisors, key=lambda d: (abs(d - (g_gas or gas if gas > 0 else 1)), d))
+        candidates.append((g_tbs, per_rank // d, d))
+    if not candidates:
         new_gas = max(1, gas)
         new_mbs = max(1, tbs // (w * new_gas))
-    new_tbs = new_mbs * new_gas * w
-    text = (
-        f'a consistent choice is "{TBS}": {new_tbs}, "{MBS}": {new_mbs}, "{GAS}": {new_gas} '
-        f"(= {new_mbs} * {new_gas} * {w})"
+        candidates.append((new_mbs * new_gas * w, new_mbs, new_gas))
+
+    def kept(triple: tuple[int, int, int]) -> int:
+        return sum(v is not None and v == t for v, t in zip((g_tbs, g_mbs, g_gas), triple))
+
+    best = max(kept(c) for c in candidates)
+    chosen = list(dict.fromkeys(c for c in candidates if kept(c) == best))[:3]
+    text = "a consistent choice is " + ", or ".join(
+        f'"{TBS}": {t}, "{MBS}": {m}, "{GAS}": {g} (= {m} * {g} * {w})' for t, m, g in chosen
     )
     if mbs > 0 and gas > 0 and tbs % (mbs * gas) == 0 and tbs // (mbs * gas) != w:
         text += f", or run on a world size of {tbs // (mbs * gas)}"

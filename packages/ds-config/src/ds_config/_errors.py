@@ -75,6 +75,12 @@ class ConfigError(ValueError):
 
     def _render(self) -> str:
         where = f" ({self.source})" if self.source else ""
+        only = self.problems[0]
+        if len(self.problems) == 1 and only.path == "<root>" and only.value is _NO_VALUE and self.source:
+            # the file as a whole (missing, unreadable, not JSON): one line that names it
+            return "\n".join(
+                [f"DeepSpeed config {self.source}: {only.message}", *([self.hint] if self.hint else [])]
+            )
         count = len(self.problems)
         noun = "problem" if count == 1 else "problems"
         lines = [f"{count} {noun} in DeepSpeed config{where}:"]

@@ -61,6 +61,31 @@ def _decode_base64(text: str) -> str | None:
     return None
 
 
+def _looks_like_path(source: str | os.PathLike[str]) -> bool:
+    """A PathLike, or a string no base64 JSON could be: it has a dot or a path separator."""
+    return not isinstance(source, str) or any(c in source for c in "./\\") or os.path.exists(source)
+
+
+def _not_a_file(path: Path) -> str:
+    if path.is_dir():
+        return "is a directory, not a JSON config file"
+    return f"no such file (the working directory is {os.getcwd()})"
+
+
+def _read_file(path: Path) -> str:
+    """The file's text; a file that cannot be read is a one-line ConfigError naming it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [ConfigProblem(ROOT, f"not UTF-8 text ({exc.reason} at byte {exc.start})")], str(path)
+        ) from None
+    except OSError as exc:
+        raise ConfigError(
+            [ConfigProblem(ROOT, f"cannot be read: {exc.strerror or exc}")], str(path)
+        ) from None
+
+
 def read_source(source: Any) -> tuple[dict[str, Any], str]:
     """Return ``(raw dict, description of where it came from)``; the caller's dict is never modified."""
     if isinstance(source, Mapping):
@@ -72,11 +97,13 @@ def read_source(source: Any) -> tuple[dict[str, Any], str]:
         except (OSError, ValueError):  # a long base64 string is not a valid path on some systems
             is_file = False
         if is_file:
-            return _parse_json(path.read_text(encoding="utf-8"), str(path)), str(path)
+            return _parse_json(_read_file(path), str(path)), str(path)
         if isinstance(source, str):
             decoded = _decode_base64(source)
             if decoded is not None and decoded.lstrip().startswith("{"):
                 return _parse_json(decoded, "base64 string"), "base64 string"
+        if _looks_like_path(source):
+            raise ConfigError([ConfigProblem(ROOT, _not_a_file(path))], str(path))
     shown = repr(source)
     shown = shown if len(shown) <= 80 else shown[:77] + "..."
     raise ConfigError(
