@@ -32,9 +32,8 @@ from torch.autograd.profiler_util import EventList
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_engine_check import CASES, MODELS, _batches, _ds, _fsdp2, _sync  # noqa: E402
-
 from _bench_cases import make_model  # noqa: E402
+from gpu_engine_check import CASES, MODELS, _batches, _ds, _fsdp2, _sync  # noqa: E402
 
 DEFAULT_CASES = "stage 2 bf16,stage 3 bf16,FSDP2 bf16"
 
