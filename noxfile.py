@@ -117,7 +117,11 @@ def integration(session: nox.Session, world_size: int) -> None:
         "integration",
         # the training benchmarks' own tests need every package; run them once, at 2 ranks
         *(
-            ["tools/tests/test_bench_training.py", "tools/tests/test_bench_largest_fit.py"]
+            [
+                "tools/tests/test_bench_training.py",
+                "tools/tests/test_bench_largest_fit.py",
+                "tools/tests/test_gpu_tools.py",  # the GPU checks' plumbing, on CPU
+            ]
             if world_size == 2
             else []
         ),

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from _bench_memory import current_rss_bytes, live_tensor_bytes, peak_rss_bytes, reset_peak_rss
 from torch import nn
+from torch.profiler import record_function
 
 LR = 1e-4
 CLIP = 1.0
@@ -154,7 +155,8 @@ def engine_config(spec: dict, d: ModelDims) -> dict:
     return config
 
 
-StepFns = tuple[Callable[[torch.Tensor, torch.Tensor], None], Callable[[], None]]
+# (forward+backward of one micro batch, returning the loss where the implementation gives it; the update)
+StepFns = tuple[Callable[[torch.Tensor, torch.Tensor], Any], Callable[[], None]]
 
 
 def _engine_module(spec: dict) -> Any:
@@ -187,7 +189,14 @@ def _torch_step(model: nn.Module, wrapped: nn.Module) -> StepFns:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    return (lambda idx, tgt: wrapped(idx, tgt).backward()), update
+    def fwd_bwd(idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        with record_function("phase/forward"):  # for tools/profile_zero_gpu.py; nearly free unprofiled
+            loss = wrapped(idx, tgt)
+        with record_function("phase/backward"):
+            loss.backward()
+        return loss
+
+    return fwd_bwd, update
 
 
 def _ddp(model: GPT, spec: dict, d: ModelDims) -> StepFns:
@@ -198,11 +207,13 @@ def _ddp(model: GPT, spec: dict, d: ModelDims) -> StepFns:
 
 def _fsdp2(model: GPT, spec: dict, d: ModelDims) -> StepFns:
     """FSDP2 (fully_shard) per block and at the root: ZeRO-3's layout. bf16 computes and reduces in bf16
-    over fp32 sharded weights (the same split as a ZeRO bf16 engine's fp32 master)."""
+    over fp32 sharded weights (the same split as a ZeRO bf16 engine's fp32 master). ``spec["device"]``
+    (default ``cpu``) is the mesh's device type: fully_shard moves a host-built model's shards there."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    device = spec.get("device", "cpu")
+    mesh = init_device_mesh(device, (dist.get_world_size(),))
     bf16 = spec["dtype"] == "bf16"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16) if bf16 else None
     kwargs = {"mesh": mesh} | ({"mp_policy": mp} if mp else {})
@@ -210,7 +221,7 @@ def _fsdp2(model: GPT, spec: dict, d: ModelDims) -> StepFns:
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
     if any(p.is_meta for p in model.parameters()):  # built on meta (build_model): allocate the shards only
-        model.to_empty(device="cpu")
+        model.to_empty(device=device)
         torch.manual_seed(0)
         for module in model.modules():
             if hasattr(module, "reset_parameters"):

@@ -1,5 +1,6 @@
 """ds_engine on one CUDA device, in one short run: every ZeRO stage and precision trains, fp32 follows plain
-PyTorch, and CPU offload takes state off the GPU, measured with torch.cuda's allocator statistics.
+PyTorch, and CPU offload takes state off the GPU, measured with torch.cuda's allocator statistics; FSDP2
+(``fully_shard``) runs beside it, measured the same way.
 
     python tools/gpu_engine_check.py --json out.json             # on a GPU machine (one rank, nccl)
     .venv/bin/python tools/gpu_engine_check.py --device cpu --model tiny --steps 3   # the tool itself, on CPU
@@ -12,6 +13,14 @@ allocated on the device after the last step (``memory_allocated``) and the peak 
 (``max_memory_allocated``, reset before it), both above what was allocated before the case (after a
 ``gc.collect()``: an engine lives in reference cycles, so a deleted one holds its memory until then), and where the parameters' data and the optimizer state live.
 The reference is plain PyTorch on the device: AdamW and clipping at 1.0, fp32, the same batches.
+
+The FSDP2 rows shard each block and the root (tools/_bench_cases.py) over the same world of one (nccl on
+CUDA, gloo on CPU) and step torch's AdamW with the same clipping. In bf16 they follow ds's bf16 as far as
+FSDP2 allows: the forward and backward compute in bf16 and gradients are reduced in bf16
+(``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)``), and AdamW updates fp32 weights. Where they
+differ: FSDP2 keeps only the fp32 sharded weights between steps and casts them to bf16 at each all-gather,
+and its sharded gradients are fp32 (the reduced bf16 gradient cast up); ds keeps bf16 weights (stage 2: the
+whole model; stage 3: a bf16 partition) beside an fp32 master partition, and bf16 gradients.
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _bench_cases import CLIP, LR, MODELS, ModelDims, batch, make_model  # noqa: E402
+from _bench_cases import BUILDERS, CLIP, LR, MODELS, ModelDims, batch, make_model  # noqa: E402
 
 MODELS = {**MODELS, "gpu": ModelDims(vocab=32_000, width=1024, layers=8, heads=16, seq=512, micro_batch=8)}
 
@@ -54,6 +64,8 @@ CASES: dict[str, dict] = {
     "stage 3 bf16": {"zero_optimization": {"stage": 3}, "bf16": {"enabled": True}},
     "stage 1 fp16": {"zero_optimization": {"stage": 1}, "fp16": {"enabled": True, "initial_scale_power": 12}},
     "stage 3 fp16": {"zero_optimization": {"stage": 3}, "fp16": {"enabled": True, "initial_scale_power": 12}},
+    "FSDP2 fp32": {"fsdp2": "fp32"},  # torch's fully_shard, not ds: see the module's docstring
+    "FSDP2 bf16": {"fsdp2": "bf16"},
 }
 
 
@@ -89,7 +101,8 @@ def reference(d: ModelDims, n: int, device: torch.device) -> list[float]:
     return losses
 
 
-def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, device: torch.device) -> dict:
+def _ds(model: nn.Module, extra: dict, d: ModelDims, device: torch.device):
+    """ds_engine on the case's config: (forward+backward returning the loss, step, facts after the run)."""
     import ds_engine
 
     config = {
@@ -99,13 +112,53 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
         "steps_per_print": 10**9,
         **copy.deepcopy(extra),
     }
+    engine, *_ = ds_engine.initialize(model=model, config=config)
+
+    def fwd_bwd(idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        with record_function("phase/forward"):  # for tools/profile_zero_gpu.py; nearly free unprofiled
+            loss = engine(idx, tgt)
+        with record_function("phase/backward"):
+            engine.backward(loss)
+        return loss
+
+    def facts() -> dict:
+        inner = getattr(engine.optimizer, "optimizer", engine.optimizer)  # the optimizer the step updates
+        masters = [p for g in inner.param_groups for p in g["params"]]
+        state = [
+            v for s in getattr(inner, "state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)
+        ]
+        return {
+            "model_params_on": sorted({str(p.device) for p in engine.module.parameters()}),
+            "optimizer_params_on": sorted({str(p.device) for p in masters}),
+            "optimizer_state_on": sorted({str(v.device) for v in state if v.numel() > 1}),
+            "optimizer": type(inner).__name__,
+            "loss_scale": _loss_scale(engine),
+            "skipped_steps": int(getattr(engine, "skipped_steps", 0)),
+        }
+
+    return fwd_bwd, engine.step, facts
+
+
+def _fsdp2(model: nn.Module, extra: dict, d: ModelDims, device: torch.device):
+    """FSDP2 as tools/bench_training.py builds it, on ``device``'s mesh, with torch's AdamW."""
+    spec = {"impl": "fsdp2", "dtype": extra["fsdp2"], "device": device.type}
+    fwd_bwd, update = BUILDERS["fsdp2"](model, spec, d)
+
+    def facts() -> dict:
+        on = sorted({str(p.device) for p in model.parameters()})
+        return {"model_params_on": on, "optimizer_params_on": on, "optimizer_state_on": on}
+
+    return fwd_bwd, update, facts
+
+
+def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, device: torch.device) -> dict:
     gc.collect()  # the previous case's engine sits in reference cycles (hooks): free its memory first
     if device.type == "cuda":
         torch.cuda.empty_cache()
     before = _allocated(device)
-    model = make_model(d)  # on the host: the engine places it
+    model = make_model(d)  # on the host: the engine (or fully_shard) places it
     ceiling = copy.deepcopy(model).to(device)
-    engine, *_ = ds_engine.initialize(model=model, config=config)
+    fwd_bwd, update, facts = (_fsdp2 if "fsdp2" in extra else _ds)(model, extra, d, device)
     n = args.warmup + args.steps
     losses, step_s, ceiling_s = [], [], []
     for i, (idx, tgt) in enumerate(_batches(d, n + 1, device)):
@@ -116,8 +169,8 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
             _sync(device)
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            engine.backward(engine(idx, tgt))
-            engine.step()
+            fwd_bwd(idx, tgt)
+            update()
             _sync(device)
             break
         _sync(device)
@@ -126,20 +179,14 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
         _sync(device)
         t1 = time.perf_counter()
         ceiling.zero_grad(set_to_none=True)
-        loss = engine(idx, tgt)
-        engine.backward(loss)
-        engine.step()
+        loss = fwd_bwd(idx, tgt)
+        update()
         _sync(device)
         t2 = time.perf_counter()
         losses.append(float(loss.detach()))
         if i >= args.warmup:
             ceiling_s.append(t1 - t0)
             step_s.append(t2 - t1)
-    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)  # the optimizer the step updates
-    masters = [p for g in inner.param_groups for p in g["params"]]
-    state = [
-        v for s in getattr(inner, "state", {}).values() for v in s.values() if isinstance(v, torch.Tensor)
-    ]
     out = {
         "case": name,
         "losses": losses,
@@ -147,14 +194,12 @@ def run_case(name: str, extra: dict, d: ModelDims, args: argparse.Namespace, dev
         "ceiling_ms": statistics.median(ceiling_s) * 1e3,
         "allocated_after_step_mib": (_allocated(device) - before) / 2**20,
         "peak_during_step_mib": (_peak(device) - before) / 2**20,
-        "model_params_on": sorted({str(p.device) for p in engine.module.parameters()}),
-        "optimizer_params_on": sorted({str(p.device) for p in masters}),
-        "optimizer_state_on": sorted({str(v.device) for v in state if v.numel() > 1}),
-        "optimizer": type(inner).__name__,
-        "loss_scale": _loss_scale(engine),
-        "skipped_steps": int(getattr(engine, "skipped_steps", 0)),
+        "optimizer": "torch AdamW",
+        "loss_scale": None,
+        "skipped_steps": 0,
+        **facts(),
     }
-    del engine, model, inner, masters, state
+    del fwd_bwd, update, facts, model
     return out
 
 
@@ -177,6 +222,9 @@ def main() -> int:
     args = parser.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", args.device)
     device = torch.device(args.device)
+    import ds_launch
+
+    ds_launch.init_distributed()  # the world of one that ds_engine.initialize would make; FSDP2 shares it
     d = MODELS[args.model]
     numel = sum(p.numel() for p in make_model(d).parameters())
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
