@@ -217,7 +217,12 @@ def main() -> None:
     parser.add_argument("--numba-max-seq", type=int, default=16384, help="skip ds-numba above this length")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", default=None, help="write the rows here as they are measured")
+    parser.add_argument("--table-from", default=None, help="print the table of a --json file and exit")
     args = parser.parse_args()
+    if args.table_from:
+        with open(args.table_from) as f:
+            print_table(json.load(f), args)
+        return
     if args.quick:
         args.seqs, args.dims, args.heads, args.dtype, args.repeats = [1024, 2048], [64], 4, "float32", 3
     rows = run(args)
