@@ -1,286 +1,232 @@
-"""Block-sparse attention (ds-sparse-attn) vs dense SDPA vs compiled FlexAttention, one run, markdown table.
+"""Block-sparse attention: dense SDPA, FlexAttention with the layout's BlockMask, and each ds path, one table.
 
-    .venv/bin/python kernels/bench_sparse_attn.py                      # CPU, seq 4096 and 16384
-    .venv/bin/python kernels/bench_sparse_attn.py --device cuda        # GPU: Numba kernels vs Flex vs SDPA
-    .venv/bin/python kernels/bench_sparse_attn.py --skip-dense-above 8192   # no 16384 dense run
-    .venv/bin/python kernels/bench_sparse_attn.py --interleaved --methods ds-sparse-attn flex-compiled  # fair ratios
+    python3 kernels/bench_sparse_attn.py --device cuda --json bench.json     # GPU: the full table
+    python kernels/bench_sparse_attn.py --quick                              # CPU: small sizes only
 
-Methods: ds-sparse-attn (default backend: on CPU torch's fused flash kernel over groups of query rows that
-share their key blocks), ds-sparse-attn-gather (backend='torch-gather': the earlier batched matmuls over
-gathered blocks), flex-compiled, sdpa-dense.
+Full table (issue 30): 4096, 16384 and 65536 tokens, batch 1, 16 heads, head dim 64 and 128, bf16, the fixed,
+bigbird and bslongformer layouts at their default parameters, forward and forward+backward, median time and
+peak memory above the inputs (CUDA: torch.cuda.max_memory_allocated; CPU: not measured, shown as n/a), each
+layout's density and the ideal time (dense time x density). Methods:
 
-Every (method, sequence) case runs in a fresh subprocess so that its peak memory (CPU: peak RSS above the
-process's RSS after the inputs were created; CUDA: torch.cuda.max_memory_allocated above the inputs) is its
-own. Layout: FixedSparsityConfig, local window 4 blocks, 1 global block, block 64, bidirectional.
+* sdpa-dense:      torch.nn.functional.scaled_dot_product_attention (flash on CUDA), the whole matrix
+* flex:            torch.compile(flex_attention) with the BlockMask ds builds from the layout, called directly
+* ds-auto:         SparseSelfAttention() as users get it (its chosen path is printed in the table)
+* ds-numba:        backend='numba' (the flash-style Numba kernels; CUDA only)
+* ds-torch:        backend='torch' (CPU: torch's flash kernel over row groups; CUDA: gathered matmuls)
+
+--quick (CPU): 1024 and 2048 tokens, 4 heads, head dim 64, fp32, and no flex backward (torch has none on CPU).
+Rows are written to --json as they are measured, so a run stopped by a timeout keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
-import subprocess
 import sys
 import time
 
 import torch
 
-
-def _rss_kb() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    return 0
+LAYOUTS = ("fixed", "bigbird", "bslongformer")
 
 
-def _peak_mb(device: str, baseline: int) -> float:
-    if device == "cuda":
-        return (torch.cuda.max_memory_allocated() - baseline) / 2**20
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - baseline) / 1024
+def _config(name: str, heads: int):
+    from ds_sparse_attn import BigBirdSparsityConfig, BSLongformerSparsityConfig, FixedSparsityConfig
 
-
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
+    return {
+        "fixed": FixedSparsityConfig,
+        "bigbird": BigBirdSparsityConfig,
+        "bslongformer": BSLongformerSparsityConfig,
+    }[name](num_heads=heads)
 
 
 def _time(fn, device: str, repeats: int) -> float:
     times = []
     for _ in range(repeats):
-        _sync(device)
+        if device == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        _sync(device)
+        if device == "cuda":
+            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def run_case(args: argparse.Namespace) -> dict:
-    """One method at one sequence length, in this process."""
-    from ds_sparse_attn import FixedSparsityConfig, SparseSelfAttention
+def _method(name: str, config, seq: int, device: str):
+    """(callable(q, k, v), path label) or None when the method does not run here."""
+    from ds_sparse_attn import SparseSelfAttention, _flex_attention
 
+    if name == "sdpa-dense":
+        return torch.nn.functional.scaled_dot_product_attention, "dense"
+    if name == "flex":
+        dev = torch.device(device)
+        layout = config.make_layout(seq)[:1].to(dev).bool()
+        tile = _flex_attention.tile_size(config.block, layout.shape[1], dev)
+        mask = _flex_attention.block_mask(layout, config.block, tile)
+        options = _flex_attention.kernel_options(tile)
+        fn = _flex_attention.compiled()
+        return (lambda q, k, v: fn(q, k, v, block_mask=mask, kernel_options=options)), f"tile {tile}"
+    if name == "ds-numba" and device != "cuda":
+        return None
+    backend = {"ds-auto": "auto", "ds-numba": "numba", "ds-torch": "torch"}[name]
+    module = SparseSelfAttention(config, max_seq_length=seq, backend=backend).to(device)
+    return module, module
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    device, dtype = args.device, getattr(torch, args.dtype)
+    torch._dynamo.config.cache_size_limit = 256  # one compile per (layout, seq, dim) is expected
+    rows: list[dict] = []
+    for dim in args.dims:
+        for seq in args.seqs:
+            for layout_name in args.layouts:
+                config = _config(layout_name, args.heads)
+                density = float(config.make_layout(seq).float().mean())
+                for method in args.methods:
+                    if method == "ds-numba" and seq > args.numba_max_seq:
+                        continue
+                    made = _method(method, config, seq, device)
+                    if made is None:
+                        continue
+                    fn, label = made
+                    row = {
+                        "dim": dim,
+                        "seq": seq,
+                        "layout": layout_name,
+                        "density": density,
+                        "method": method,
+                    }
+                    try:
+                        row.update(
+                            _measure(
+                                fn, seq, dim, dtype, args, no_backward=method == "flex" and device == "cpu"
+                            )
+                        )
+                    except Exception as exc:  # noqa: BLE001 - a failing method is a row saying why
+                        row["error"] = (
+                            f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ''}"
+                        )
+                    row["path"] = _path(label, device, dtype)
+                    rows.append(row)
+                    print(f"done: {row}", file=sys.stderr, flush=True)
+                    if args.json:
+                        with open(args.json, "w") as f:
+                            json.dump(rows, f, indent=1)
+    return rows
+
+
+def _path(label, device: str, dtype: torch.dtype) -> str:
+    if isinstance(label, str):
+        return label
+    return label.chosen.get(f"{device} {str(dtype).removeprefix('torch.')}", "?")
+
+
+def _measure(fn, seq: int, dim: int, dtype: torch.dtype, args: argparse.Namespace, no_backward: bool) -> dict:
+    device = args.device
     torch.manual_seed(0)
-    device, seq = args.device, args.seq
-    dtype = getattr(torch, args.dtype)
-    config = FixedSparsityConfig(args.heads, args.block, num_local_blocks=4, num_global_blocks=1)
-    layout = config.make_layout(seq)
     q, k, v = (
-        torch.randn(1, args.heads, seq, args.dim, device=device, dtype=dtype, requires_grad=True)
+        torch.randn(1, args.heads, seq, dim, device=device, dtype=dtype, requires_grad=not no_backward)
         for _ in range(3)
     )
     grad = torch.randn_like(q)
-    result = {"method": args.method, "seq": seq, "density": float(layout.float().mean()), "compile_s": None}
-    if args.method.startswith("ds-sparse-attn"):
-        # ds-sparse-attn-gather: the earlier CPU path (batched matmuls over gathered blocks), for comparison
-        backend = "torch-gather" if args.method == "ds-sparse-attn-gather" else "auto"
-        module = SparseSelfAttention(config, max_seq_length=seq, backend=backend).to(device)
-        attention = lambda q, k, v: module(q, k, v)  # noqa: E731
-    elif args.method == "sdpa-dense":
-        attention = torch.nn.functional.scaled_dot_product_attention
-    else:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    result: dict = {}
+    with torch.no_grad():
+        fn(q, k, v)  # warm-up: compile, layout plan, kernel JIT
+    if not no_backward:
+        fn(q, k, v).backward(grad)
+    for kind in ("fwd", "fwd_bwd"):
+        if kind == "fwd_bwd" and no_backward:
+            result[kind + "_ms"] = result[kind + "_peak_mb"] = None
+            continue
+        if device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
 
-        blocks = layout[0].to(device).bool()
-        block = args.block
+        def call(kind: str = kind) -> None:
+            if kind == "fwd":
+                with torch.no_grad():
+                    fn(q, k, v)
+            else:
+                fn(q, k, v).backward(grad)
 
-        def mask_mod(b, h, q_idx, kv_idx):
-            return blocks[q_idx // block, kv_idx // block]
-
-        block_mask = create_block_mask(mask_mod, None, None, seq, seq, device=device, BLOCK_SIZE=block)
-        compiled = torch.compile(flex_attention, dynamic=False)
-        attention = lambda q, k, v: compiled(q, k, v, block_mask=block_mask)  # noqa: E731
-        start = time.perf_counter()
-        if device == "cpu":  # FlexAttention has no CPU backward (torch 2.13), not even inputs needing grad
-            q, k, v = (t.detach() for t in (q, k, v))
-            with torch.no_grad():
-                attention(q, k, v)
-        else:
-            attention(q, k, v).backward(grad)  # compiles forward and backward
-        _sync(device)
-        result["compile_s"] = time.perf_counter() - start
-        q.grad = k.grad = v.grad = None
-    if device == "cuda":
-        torch.cuda.reset_peak_memory_stats()
-        baseline = torch.cuda.memory_allocated()
-    else:
-        baseline = _rss_kb()
-
-    def forward() -> None:
-        with torch.no_grad():
-            attention(q, k, v)
-
-    def forward_backward() -> None:
-        attention(q, k, v).backward(grad)
-
-    forward()  # warm-up (first-call costs: layout plan, kernel JIT)
-    result["fwd_s"] = _time(forward, device, args.repeats)
-    result["fwd_peak_mb"] = _peak_mb(device, baseline)
-    result["fwd_bwd_s"] = result["fwd_bwd_peak_mb"] = None
-    if not (args.method == "flex-compiled" and device == "cpu"):
-        forward_backward()
-        result["fwd_bwd_s"] = _time(forward_backward, device, args.repeats)
-        result["fwd_bwd_peak_mb"] = _peak_mb(device, baseline)
+        result[kind + "_ms"] = _time(call, device, args.repeats) * 1e3
+        result[kind + "_peak_mb"] = (
+            (torch.cuda.max_memory_allocated() - base) / 2**20 if device == "cuda" else None
+        )
     return result
 
 
-def run_interleaved(args: argparse.Namespace) -> None:
-    """Alternate ds-sparse-attn, its gathered path, compiled FlexAttention (forward only) and dense SDPA call
-    by call in this process, so load from other processes hits all of them alike; prints best-of-repeats
-    times and ratios to dense and to Flex."""
-    from ds_sparse_attn import FixedSparsityConfig, SparseSelfAttention
-
+def print_table(rows: list[dict], args: argparse.Namespace) -> None:
     print(
-        "| seq | method | fwd ms | fwd+bwd ms | fwd speed-up vs dense | fwd+bwd speed-up vs dense "
-        "| fwd speed-up vs Flex |"
+        f"\n{args.device}, {args.dtype}, batch 1, {args.heads} heads, default layout parameters, median of {args.repeats}; "
+        "ideal = dense SDPA time x density; peak = memory above the inputs (n/a: not measured on CPU)\n"
     )
-    print("|---|---|---|---|---|---|---|")
-    for seq in args.seqs:
-        torch.manual_seed(0)
-        config = FixedSparsityConfig(args.heads, args.block, num_local_blocks=4, num_global_blocks=1)
-        q, k, v = (torch.randn(1, args.heads, seq, args.dim, requires_grad=True) for _ in range(3))
-        grad = torch.randn_like(q)
-        methods = {
-            "ds-sparse-attn": SparseSelfAttention(config, max_seq_length=seq),
-            "ds-sparse-attn-gather": SparseSelfAttention(config, max_seq_length=seq, backend="torch-gather"),
-            "sdpa-dense": torch.nn.functional.scaled_dot_product_attention,
-        }
-        if "flex-compiled" in args.methods:
-            methods["flex-compiled"] = _compiled_flex(config.make_layout(seq)[0].bool(), args.block, seq)
-        with_dense = not (args.skip_dense_above and seq > args.skip_dense_above)
-        methods = {
-            name: fn
-            for name, fn in methods.items()
-            if name in args.methods or (name == "sdpa-dense" and with_dense)
-        }
-        times: dict[str, dict[str, list[float]]] = {name: {"fwd": [], "fwd_bwd": []} for name in methods}
-        for fn in methods.values():  # warm-up (and Flex's compile)
-            with torch.no_grad():
-                fn(q.detach(), k.detach(), v.detach())
-        for _ in range(args.repeats):
-            for name, fn in methods.items():
-                start = time.perf_counter()
-                with torch.no_grad():  # Flex on CPU refuses inputs that require grad, even here
-                    fn(q.detach(), k.detach(), v.detach())
-                times[name]["fwd"].append(time.perf_counter() - start)
-                if name == "flex-compiled":  # no CPU backward in torch 2.13
-                    continue
-                start = time.perf_counter()
-                fn(q, k, v).backward(grad)
-                times[name]["fwd_bwd"].append(time.perf_counter() - start)
-        best = {
-            name: {kind: min(ts, default=None) for kind, ts in kinds.items()} for name, kinds in times.items()
-        }
-        dense = best.get("sdpa-dense", {"fwd": None, "fwd_bwd": None})
-        flex = best.get("flex-compiled")
-        for name, b in best.items():
-            cells = [
-                _ms(b["fwd"]),
-                _ms(b["fwd_bwd"]),
-                _ratio(dense["fwd"], b["fwd"]),
-                _ratio(dense["fwd_bwd"], b["fwd_bwd"]),
-                _ratio(flex and flex["fwd"], b["fwd"]),
-            ]
-            print(f"| {seq} | {name} | " + " | ".join(cells) + " |")
+    print(
+        "| dim | seq | layout | density | method (path) | fwd ms | ideal fwd ms | fwd+bwd ms | ideal fwd+bwd ms "
+        "| fwd peak MB | fwd+bwd peak MB |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    dense = {
+        (r["dim"], r["seq"], r["layout"]): r for r in rows if r["method"] == "sdpa-dense" and "error" not in r
+    }
 
+    def cell(value, fmt: str = "{:.1f}") -> str:
+        return "n/a" if value is None else fmt.format(value)
 
-def _ms(seconds: float | None) -> str:
-    return "n/a" if seconds is None else f"{seconds * 1e3:.0f}"
-
-
-def _ratio(reference: float | None, seconds: float | None) -> str:
-    return "-" if reference is None or seconds is None else f"{reference / seconds:.2f}x"
-
-
-def _compiled_flex(blocks: torch.Tensor, block: int, seq: int):
-    """FlexAttention compiled for a (nb, nb) block layout shared by all heads; compiles on its first call."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        return blocks[q_idx // block, kv_idx // block]
-
-    block_mask = create_block_mask(mask_mod, None, None, seq, seq, device="cpu", BLOCK_SIZE=block)
-    compiled = torch.compile(flex_attention, dynamic=False)
-    return lambda q, k, v: compiled(q, k, v, block_mask=block_mask)
+    for r in rows:
+        d = dense.get((r["dim"], r["seq"], r["layout"]), {})
+        head = (
+            f"| {r['dim']} | {r['seq']} | {r['layout']} | {r['density']:.3f} | {r['method']} ({r['path']}) |"
+        )
+        if "error" in r:
+            print(head + f" failed: {r['error']} | | | | | |")
+            continue
+        ideal = [None if d.get(key) is None else d[key] * r["density"] for key in ("fwd_ms", "fwd_bwd_ms")]
+        cells = [r["fwd_ms"], ideal[0], r["fwd_bwd_ms"], ideal[1]]
+        peaks = [r["fwd_peak_mb"], r["fwd_bwd_peak_mb"]]
+        print(
+            head
+            + " "
+            + " | ".join(cell(c) for c in cells)
+            + " | "
+            + " | ".join(cell(p, "{:.0f}") for p in peaks)
+            + " |"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384])
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--dim", type=int, default=64)
-    parser.add_argument("--block", type=int, default=64)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
-        "--methods",
-        nargs="+",
-        default=["ds-sparse-attn", "ds-sparse-attn-gather", "flex-compiled", "sdpa-dense"],
-        choices=["ds-sparse-attn", "ds-sparse-attn-gather", "flex-compiled", "sdpa-dense"],
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
     )
     parser.add_argument(
-        "--skip-dense-above", type=int, default=None, help="skip dense SDPA above this length"
+        "--quick", action="store_true", help="CPU-sized run: 1024/2048 tokens, 4 heads, dim 64, fp32"
     )
-    parser.add_argument("--json", default=None, help="also write the results to this JSON file")
-    parser.add_argument(
-        "--interleaved",
-        action="store_true",
-        help="CPU: alternate the --methods (and dense SDPA) call by call in one process",
-    )
-    parser.add_argument("--case", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--seq", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--method", help=argparse.SUPPRESS)
+    parser.add_argument("--seqs", type=int, nargs="+", default=[4096, 16384, 65536])
+    parser.add_argument("--dims", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=LAYOUTS)
+    methods = ["sdpa-dense", "flex", "ds-auto", "ds-numba", "ds-torch"]
+    parser.add_argument("--methods", nargs="+", default=methods, choices=methods)
+    parser.add_argument("--numba-max-seq", type=int, default=16384, help="skip ds-numba above this length")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None, help="write the rows here as they are measured")
+    parser.add_argument("--table-from", default=None, help="print the table of a --json file and exit")
     args = parser.parse_args()
-    if args.case:
-        print(json.dumps(run_case(args)))
+    if args.table_from:
+        with open(args.table_from) as f:
+            print_table(json.load(f), args)
         return
-    if args.interleaved:
-        run_interleaved(args)
-        return
-    rows = []
-    for seq in args.seqs:
-        for method in args.methods:
-            if method == "sdpa-dense" and args.skip_dense_above and seq > args.skip_dense_above:
-                continue
-            command = [sys.executable, __file__, "--case", "--seq", str(seq), "--method", method]
-            for name in ("device", "heads", "dim", "block", "dtype", "repeats"):
-                command += [f"--{name}", str(getattr(args, name))]
-            done = subprocess.run(command, capture_output=True, text=True)
-            if done.returncode != 0:
-                print(f"{method} at {seq} failed:\n{done.stderr[-2000:]}", file=sys.stderr)
-                continue
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(f"done: {method} {seq}", file=sys.stderr)
+    if args.quick:
+        args.seqs, args.dims, args.heads, args.dtype, args.repeats = [1024, 2048], [64], 4, "float32", 3
+    rows = run(args)
     print_table(rows, args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
-
-
-def print_table(rows: list[dict], args: argparse.Namespace) -> None:
-    print(
-        f"\n{args.device}, {args.dtype}, batch 1, {args.heads} heads, head dim {args.dim}, block {args.block}, "
-        f"fixed layout (4 local blocks, 1 global), median of {args.repeats}\n"
-    )
-    print(
-        "| seq | method | density | fwd ms | fwd+bwd ms | fwd peak MB | fwd+bwd peak MB | compile s | fwd speed-up vs dense | ideal (1/density) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    dense = {r["seq"]: r for r in rows if r["method"] == "sdpa-dense"}
-    for r in rows:
-        base = dense.get(r["seq"])
-        speedup = f"{base['fwd_s'] / r['fwd_s']:.2f}x" if base else "-"
-        compile_s = f"{r['compile_s']:.1f}" if r["compile_s"] is not None else "-"
-        fwd_bwd = "n/a" if r["fwd_bwd_s"] is None else f"{r['fwd_bwd_s'] * 1e3:.0f}"
-        fwd_bwd_mb = "n/a" if r["fwd_bwd_peak_mb"] is None else f"{r['fwd_bwd_peak_mb']:.0f}"
-        print(
-            f"| {r['seq']} | {r['method']} | {r['density']:.3f} | {r['fwd_s'] * 1e3:.0f} | {fwd_bwd} | "
-            f"{r['fwd_peak_mb']:.0f} | {fwd_bwd_mb} | {compile_s} | {speedup} | {1 / r['density']:.2f}x |"
-        )
 
 
 if __name__ == "__main__":

@@ -60,51 +60,56 @@ def setup(block: int, dim: int, seed: int = 0):
     return plan, q, k, v
 
 
-# block 16 = one TILE; block 8 and head dim 12 exercise the bounds checks of partial tiles
+def masks(plan: BlockSparsePlan, block: int, bias_batch: int, seed: int = 2):
+    """Additive key padding (B, L) with masked keys and a block bias (B', nnz, bs, bs) with a fully masked
+    query row inside every block."""
+    g = torch.Generator().manual_seed(seed)
+    key_padding = torch.randn(BATCH, SEQ, generator=g)
+    key_padding[:, 1] = float("-inf")
+    bias = torch.randn(bias_batch, plan.nnz, block, block, generator=g)
+    bias[..., 0, :] = float("-inf")
+    return key_padding.to(DEVICE), bias.to(DEVICE)
+
+
+# block 16 = one key tile; block 8 and head dim 12: a block smaller than a tile, a dim that is no power of two
 SHAPES = [(16, 16), (8, 12)]
 
 
 @pytest.mark.parametrize("block, dim", SHAPES)
-def test_sdd(block: int, dim: int) -> None:
-    plan, q, k, _ = setup(block, dim)
-    close(K.sdd(q, k, plan.flat, block), R.sdd_reference(q.cpu(), k.cpu(), _cpu(plan.flat), block))
-
-
-@pytest.mark.parametrize("block, dim", SHAPES)
-def test_softmax_forward_with_bias(block: int, dim: int) -> None:
-    plan, q, k, _ = setup(block, dim)
-    scores = K.sdd(q, k, plan.flat, block)
-    bias = torch.randn(BATCH, plan.nnz, block, block, generator=torch.Generator().manual_seed(2)).to(DEVICE)
-    bias[..., 0, :] = float("-inf")  # a fully masked query row inside every block
-    rows = HEADS * plan.num_blocks
-    expected_p, expected_lse = R.softmax_forward_reference(
-        scores.cpu(), bias.cpu(), _cpu(plan.flat), 0.3, rows
-    )
-    lse = K.softmax_forward(scores, bias, plan.flat, 0.3, rows)
-    close(scores, expected_p)
-    close(lse, expected_lse)
-
-
-@pytest.mark.parametrize("block, dim", SHAPES)
-def test_softmax_backward(block: int, dim: int) -> None:
+@pytest.mark.parametrize("with_masks", [False, True], ids=["plain", "masked"])
+def test_flash_forward(block: int, dim: int, with_masks: bool) -> None:
     plan, q, k, v = setup(block, dim)
-    probs, grad = K.sdd(q, k, plan.flat, block), K.sdd(v, k, plan.flat, block)
-    delta = torch.randn(BATCH, HEADS * plan.num_blocks, block).to(DEVICE)
-    expected = R.softmax_backward_reference(probs.cpu(), grad.cpu(), delta.cpu(), _cpu(plan.flat))
-    close(K.softmax_backward(probs, grad, delta, plan.flat), expected)
-
-
-@pytest.mark.parametrize("block, dim", SHAPES)
-def test_dsd_and_transposed(block: int, dim: int) -> None:
-    plan, q, k, v = setup(block, dim)
-    probs = K.sdd(q, k, plan.flat, block)
+    key_padding, bias = masks(plan, block, BATCH) if with_masks else (None, None)
     flat = _cpu(plan.flat)
-    close(K.dsd(probs, v, plan.flat, 0.5), R.dsd_reference(probs.cpu(), v.cpu(), flat, 0.5), atol=1e-4)
-    close(
-        K.dsd_transposed(probs, v, plan.flat, 2.0),
-        R.dsd_transposed_reference(probs.cpu(), v.cpu(), flat, 2.0),
-        atol=1e-4,
+    out, lse = K.flash_forward(q, k, v, key_padding, bias, plan.flat, 0.3)
+    expected_out, expected_lse = R.flash_forward_reference(
+        q.cpu(), k.cpu(), v.cpu(), _maybe_cpu(key_padding), _maybe_cpu(bias), flat, 0.3
     )
+    close(out, expected_out, atol=1e-4)
+    close(lse, expected_lse, atol=1e-4)
+    assert (out.cpu()[:, 0, -block:] == 0).all(), "a query block row with no key blocks must output zeros"
+
+
+@pytest.mark.parametrize("block, dim", SHAPES)
+@pytest.mark.parametrize("bias_batch", [0, 1], ids=["no-bias", "shared-bias"])
+def test_flash_backward(block: int, dim: int, bias_batch: int) -> None:
+    plan, q, k, v = setup(block, dim)
+    key_padding, bias = masks(plan, block, max(bias_batch, 1))
+    if bias_batch == 0:
+        bias = None
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    out, lse = K.flash_forward(q, k, v, key_padding, bias, plan.flat, 0.3)
+    delta = (dout * out).sum(-1).view(BATCH, HEADS * plan.num_blocks, block).contiguous()
+    dq, dk, dv, dbias = K.flash_backward(
+        (q, k, v, dout, lse, delta), key_padding, bias, plan.flat, 0.3, want_dbias=bias is not None
+    )
+    expected = R.flash_backward_reference(
+        q.cpu(), k.cpu(), v.cpu(), dout.cpu(), _maybe_cpu(key_padding), _maybe_cpu(bias), _cpu(plan.flat), 0.3
+    )
+    for actual, reference in zip((dq, dk, dv), expected[:3]):
+        close(actual, reference, atol=1e-4)
+    if bias is not None:
+        close(dbias.sum(0, keepdim=True), expected[3], atol=1e-4)
 
 
 @pytest.mark.parametrize(
@@ -124,7 +129,7 @@ def test_numba_path_matches_torch_path(config) -> None:
     kp = (torch.rand(BATCH, SEQ, generator=g) > 0.2).float().to(DEVICE)
     kp[:, 0] = 1
     results = []
-    for backend in ("numba", "torch"):
+    for backend in ("numba", "torch"):  # the Numba path with key padding (a vector) and rpe (block bias)
         module = SparseSelfAttention(
             config, key_padding_mask_mode="mul", max_seq_length=SEQ, backend=backend
         ).to(DEVICE)
@@ -153,6 +158,10 @@ def test_half_precision_on_gpu(dtype: torch.dtype) -> None:
     close(out.float(), reference, atol=2e-2)
     out.float().sum().backward()
     assert q.grad.dtype == dtype and torch.isfinite(q.grad.float()).all()
+
+
+def _maybe_cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+    return None if t is None else t.cpu()
 
 
 def _cpu(flat):

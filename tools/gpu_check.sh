@@ -4,7 +4,7 @@
 #     OUT=/some/dir bash tools/gpu_check.sh
 # Python wheels missing there (pydantic for ds-config) are taken from .whl/ when present.
 # Results in $OUT: env.txt, engine.txt/engine.json (tools/gpu_engine_check.py), cuda_tests.txt (the
-# packages' tests marked cuda), then kernels/gpu_check.sh's kernel_tests.txt, bench.md, bench.json.
+# packages' tests marked cuda), then kernels/gpu_check.sh's sparse_env.txt, sparse_tests.txt, sparse_bench.md/json.
 set -u
 OUT=${OUT:-/tmp/ds-gpu-check}
 mkdir -p "$OUT"
@@ -27,4 +27,6 @@ timeout 90 $PY -m pytest packages/ds-checkpoint/tests -m cuda -q -p no:cacheprov
 echo "exit $?" >>"$OUT/cuda_tests.txt"
 tail -n 4 "$OUT/cuda_tests.txt"
 
+# ---- ds-sparse-attn (issue 30, items 1-3): kernels/gpu_check.sh, about 5 minutes; its files are sparse_* ----
 OUT="$OUT" bash kernels/gpu_check.sh
+# ---- end of ds-sparse-attn ----

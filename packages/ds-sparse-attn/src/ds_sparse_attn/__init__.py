@@ -1,8 +1,9 @@
 """Block-sparse attention (fixed, BigBird, Longformer, variable layouts) on CPU and CUDA.
 
 Layouts reproduce DeepSpeed 0.14's sparsity configs; `SparseSelfAttention` computes attention only on the
-layout's blocks (torch's fused CPU attention kernel over groups of rows sharing their key blocks on CPU,
-Numba CUDA kernels on GPUs), forward and backward.
+layout's blocks (torch's fused CPU attention kernel over groups of rows sharing their key blocks on CPU;
+compiled FlexAttention with a BlockMask from the layout, or flash-style Numba kernels, on GPUs), forward and
+backward.
 """
 
 from ._attention import BertSparseSelfAttention, SparseSelfAttention

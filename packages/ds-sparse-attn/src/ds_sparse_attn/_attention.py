@@ -8,15 +8,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import _cuda_kernels, _grouped_attention
-from ._bias import ScoreBias, gather_bias
+from . import _backend, _flex_attention, _grouped_attention
+from ._bias import ScoreBias
 from ._layouts import FixedSparsityConfig, SparsityConfig
-from ._numba_attention import NumbaBlockSparseAttentionFunction
+from ._numba_attention import numba_attention
 from ._plan import BlockSparsePlan
 from ._torch_attention import BlockSparseAttentionFunction
 
 _MASK_MODES = ("add", "mul")
-_BACKENDS = ("auto", "torch", "torch-gather", "numba")
 
 
 def _check_mode(name: str, mode: str) -> None:
@@ -49,10 +48,13 @@ class SparseSelfAttention(nn.Module):
         key_padding_mask_mode: 'add' (mask values added to the scores) or 'mul' (0 masks a key out).
         attn_mask_mode: 'add' or 'mul', for the (L, L) attention mask.
         max_seq_length: the layout is built once for this length; shorter inputs use its top-left corner.
-        backend: 'auto' (Numba CUDA kernels for CUDA tensors when numba-cuda is installed, else the torch
-            path), 'torch' (on CPU torch's fused flash kernel over groups of rows sharing their key blocks,
-            else batched matmuls over gathered blocks), 'torch-gather' (always the gathered matmuls), or
-            'numba' (require the kernels).
+        backend: 'auto' (per device and dtype: on CUDA compiled FlexAttention when it compiles, else the
+            Numba kernels, else the torch path; on CPU the torch path), 'flex' (FlexAttention with a BlockMask
+            built from the layout; falls back with a logged reason where it cannot run), 'torch' (on CPU
+            torch's fused flash kernel over groups of rows sharing their key blocks, else batched matmuls over
+            gathered blocks), 'torch-gather' (always the gathered matmuls), or 'numba' (require the flash-style
+            Numba kernels). With 'auto', the environment variable DS_SPARSE_ATTN_BACKEND forces one of these.
+            The path taken is logged once (logger 'ds_sparse_attn') and shown in the module's repr.
     """
 
     def __init__(
@@ -66,8 +68,7 @@ class SparseSelfAttention(nn.Module):
         super().__init__()
         _check_mode("key_padding_mask_mode", key_padding_mask_mode)
         _check_mode("attn_mask_mode", attn_mask_mode)
-        if backend not in _BACKENDS:
-            raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}.")
+        _backend.requested(backend)  # validates the argument and the environment variable now
         self.sparsity_config = (
             sparsity_config if sparsity_config is not None else FixedSparsityConfig(num_heads=4)
         )
@@ -77,6 +78,12 @@ class SparseSelfAttention(nn.Module):
         self.backend = backend
         self.register_buffer("master_layout", self.sparsity_config.make_layout(max_seq_length))
         self._plans: dict[tuple[int, int, torch.device], BlockSparsePlan] = {}
+        self._flex_masks: dict[tuple[int, int, torch.device], tuple[object, dict[str, int] | None]] = {}
+        self.chosen: dict[str, str] = {}  # "device dtype" -> path of the last call, for the repr
+
+    def extra_repr(self) -> str:
+        chosen = ", ".join(f"{where}: {path}" for where, path in self.chosen.items()) or "none yet"
+        return f"backend={_backend.requested(self.backend)!r}, paths taken: {chosen}"
 
     def _plan(self, seq_len: int, num_heads: int, device: torch.device) -> BlockSparsePlan:
         key = (seq_len, num_heads, device)
@@ -94,15 +101,16 @@ class SparseSelfAttention(nn.Module):
             self._plans[key] = BlockSparsePlan(layout, block, device)
         return self._plans[key]
 
-    def _use_numba(self, query: torch.Tensor) -> bool:
-        if self.backend in ("torch", "torch-gather"):
-            return False
-        usable = (query.is_cuda or _cuda_kernels.simulator_enabled()) and _cuda_kernels.numba_cuda_available()
-        if self.backend == "numba" and not usable:
-            if query.is_cuda or _cuda_kernels.simulator_enabled():
-                raise ImportError(f"backend='numba' needs numba-cuda: {_cuda_kernels.PIP_INSTALL}")
-            raise RuntimeError("backend='numba' needs CUDA tensors (or NUMBA_ENABLE_CUDASIM=1 for tests).")
-        return usable and (query.is_cuda or self.backend == "numba")
+    def _flex_mask(self, plan: BlockSparsePlan, seq_len: int) -> tuple[object, dict[str, int] | None]:
+        key = (seq_len, plan.num_heads, plan.device)
+        if key not in self._flex_masks:
+            layout = plan.layout
+            if layout.shape[0] > 1 and bool((layout == layout[:1]).all()):
+                layout = layout[:1]  # one layout for every head: a BlockMask with a head dim of 1
+            tile = _flex_attention.tile_size(plan.block, plan.num_blocks, plan.device)
+            mask = _flex_attention.block_mask(layout, plan.block, tile)
+            self._flex_masks[key] = (mask, _flex_attention.kernel_options(tile))
+        return self._flex_masks[key]
 
     def _check_inputs(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
@@ -190,13 +198,20 @@ class SparseSelfAttention(nn.Module):
         plan = self._plan(seq_len, heads, query.device)
         bias = self._score_bias(query, rpe, key_padding_mask, attn_mask, dtype)
         scale = dim**-0.5
-        use_numba = self._use_numba(query)
-        if use_numba:
-            dtype = torch.float32
+        needs_grad = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (query, key, value, rpe)
+        )
+        path = _backend.choose(_backend.requested(self.backend), query, plan.block, needs_grad)
+        self.chosen[f"{query.device.type} {str(query.dtype).removeprefix('torch.')}"] = path
+        if path == "flex":  # in the input dtype (tensor cores for fp16/bf16); the bias in fp32
+            mask, options = self._flex_mask(plan, seq_len)
+            return _flex_attention.attend(query, key, value, mask, bias, scale, options)
+        if path == "numba":
+            q, k, v = (t.float().contiguous() for t in (query, key, value))
+            out = numba_attention(q, k, v, bias, plan, scale)
+            return out.to(query.dtype)
         q, k, v = (t.to(dtype).contiguous() for t in (query, key, value))
-        if use_numba:
-            out = NumbaBlockSparseAttentionFunction.apply(q, k, v, self._block_bias(bias, plan), plan, scale)
-        elif self.backend != "torch-gather" and _grouped_attention.usable(q, bias.rpe):
+        if path == "torch" and _grouped_attention.usable(q, bias.rpe):
             out = _grouped_attention.GroupedFlashAttentionFunction.apply(
                 q, k, v, bias.rpe, bias.key_padding, bias.attn, plan, scale
             )
@@ -205,16 +220,6 @@ class SparseSelfAttention(nn.Module):
                 q, k, v, bias.rpe, bias.key_padding, bias.attn, plan, scale
             )
         return out.to(query.dtype)
-
-    @staticmethod
-    def _block_bias(bias: ScoreBias, plan: BlockSparsePlan) -> torch.Tensor | None:
-        """The bias of every present block, (B' , nnz, bs, bs) fp32, for the kernels."""
-        if bias.empty:
-            return None
-        flat = plan.flat
-        index = (flat.block_head.long(), flat.block_row.long(), flat.block_col.long())
-        term = gather_bias(bias, plan.block, *index)
-        return term.expand(term.shape[0], -1, plan.block, plan.block).float().contiguous()
 
 
 class BertSparseSelfAttention(nn.Module):

@@ -1,13 +1,12 @@
-"""Numba CUDA kernels for block-sparse attention, and their launchers.
+"""Launchers of the flash-style Numba CUDA kernels (_numba_kernels) for block-sparse attention.
 
 Blocks are in the flat form of _plan.FlatLayout: present block n sits at (block_head[n], block_row[n],
-block_col[n]); its scores are `scores[z, n, i, j]` for query i and key j inside the block.
+block_col[n]); rows are walked through CSR (row_ptr) in the forward and dQ kernels, columns through CSC
+(col_ptr, col_perm) in the dK/dV kernel.
 
-* sdd_kernel:              scores = A B^T on present blocks only            (forward QK^T; backward dO V^T)
-* softmax_forward_kernel:  probs = softmax(scale * scores + bias) over each query row's present blocks
-* softmax_backward_kernel: dS = P * (dP - delta)                             (delta = rowsum(dO * O))
-* dsd_kernel:              out = alpha * P X, rows of P walked by CSR        (forward PV; backward dQ)
-* dsd_transposed_kernel:   out = alpha * P^T X, columns walked by CSC        (backward dK, dV)
+* flash_forward:       out, lse = attention over each query row's present blocks, online softmax
+* flash_backward:      dq, dk, dv (and dS per present block when a bias needs its gradient), with the
+                       probabilities recomputed from lse (delta = rowsum(dO * O) computed by torch)
 
 Kernels compute in fp32. Inputs are read through `__cuda_array_interface__` (numba.cuda.as_cuda_array), so
 fp32 torch tensors are used in place, with no copy, on torch's current stream. numba has no bfloat16 type:
@@ -17,7 +16,6 @@ Under NUMBA_ENABLE_CUDASIM=1 the same kernels run on CPU tensors (through their 
 
 from __future__ import annotations
 
-import math
 import os
 from functools import cache
 from types import SimpleNamespace
@@ -25,7 +23,7 @@ from typing import Any
 
 import torch
 
-from ._kernel_shape import ELEMENTWISE_THREADS, ROW_THREADS, TILE
+from ._kernel_params import MAX_BLOCK, MAX_HEAD_DIM
 
 PIP_INSTALL = 'pip install "ds-sparse-attn[cuda]"  (or: pip install numba-cuda)'
 
@@ -66,11 +64,9 @@ def kernels() -> SimpleNamespace:
     from . import _numba_kernels as nk
 
     return SimpleNamespace(
-        sdd=nk.sdd_kernel,
-        softmax_forward=nk.softmax_forward_kernel,
-        softmax_backward=nk.softmax_backward_kernel,
-        dsd=nk.dsd_kernel,
-        dsd_transposed=nk.dsd_transposed_kernel,
+        forward=nk.flash_forward_kernel,
+        backward_dq=nk.flash_backward_dq_kernel,
+        backward_dkv=nk.flash_backward_dkv_kernel,
     )
 
 
@@ -93,68 +89,80 @@ def _stream(t: torch.Tensor) -> Any:
     return 0
 
 
-def _tiles(n: int) -> int:
-    return (n + TILE - 1) // TILE
-
-
-def sdd(a: torch.Tensor, b: torch.Tensor, flat: Any, block: int) -> torch.Tensor:
-    """(B, nnz, bs, bs) fp32 scores a_blk @ b_blk^T for the present blocks; a, b (B, H, L, D) fp32."""
-    batch = a.shape[0]
-    nnz = flat.block_head.shape[0]
-    out = torch.empty((batch, nnz, block, block), dtype=torch.float32, device=a.device)
-    if nnz:
-        grid = (nnz * _tiles(block) ** 2, batch)
-        args = (a, b, out, flat.block_head, flat.block_row, flat.block_col)
-        kernels().sdd[grid, (TILE, TILE), _stream(a)](*map(_array, args))
-    return out
-
-
-def softmax_forward(
-    scores: torch.Tensor, bias: torch.Tensor | None, flat: Any, scale: float, rows: int
-) -> torch.Tensor:
-    """In place softmax of scores (B, nnz, bs, bs); returns lse (B, rows, bs); rows = H * nb."""
-    batch, _, block, _ = scores.shape
-    lse = torch.full((batch, rows, block), math.inf, dtype=torch.float32, device=scores.device)
-    has_bias = bias is not None
-    if bias is None:
-        bias = torch.zeros((1, 1, 1, 1), dtype=torch.float32, device=scores.device)
-    grid = (rows * block, batch)
-    args = (_array(scores), _array(bias), has_bias, _array(flat.row_ptr), scale, _array(lse))
-    kernels().softmax_forward[grid, ROW_THREADS, _stream(scores)](*args)
-    return lse
-
-
-def softmax_backward(
-    probs: torch.Tensor, grad_probs: torch.Tensor, delta: torch.Tensor, flat: Any
-) -> torch.Tensor:
-    """In place dS = P * (dP - delta) into grad_probs; delta (B, H * nb, bs)."""
-    batch, nnz, block, _ = probs.shape
-    if nnz:
-        grid = ((nnz * block * block + ELEMENTWISE_THREADS - 1) // ELEMENTWISE_THREADS, batch)
-        args = (probs, grad_probs, delta, flat.block_head, flat.block_row)
-        kernels().softmax_backward[grid, ELEMENTWISE_THREADS, _stream(probs)](
-            *map(_array, args), flat.num_blocks
+def check_shapes(block: int, dim: int) -> None:
+    """The kernels' limits: one thread per row of a block, per-thread row buffers of MAX_HEAD_DIM floats."""
+    if dim > MAX_HEAD_DIM:
+        raise ValueError(
+            f"The Numba kernels take head dims up to {MAX_HEAD_DIM}, got {dim}; use backend='torch'."
         )
-    return grad_probs
+    if block > MAX_BLOCK:
+        raise ValueError(
+            f"The Numba kernels take layout blocks up to {MAX_BLOCK}, got {block}; use backend='torch'."
+        )
 
 
-def dsd(probs: torch.Tensor, x: torch.Tensor, flat: Any, alpha: float) -> torch.Tensor:
-    """alpha * P X: (B, H, L, D) fp32 from block probs (B, nnz, bs, bs) and x (B, H, L, D) fp32."""
-    batch, heads, length, dim = x.shape
-    block = probs.shape[2]
-    out = torch.zeros_like(x)
-    grid = (heads * (length // block) * _tiles(block) * _tiles(dim), batch)
-    args = (_array(probs), _array(x), _array(out), _array(flat.row_ptr), _array(flat.block_col), alpha)
-    kernels().dsd[grid, (TILE, TILE), _stream(x)](*args)
-    return out
+def _optional(t: torch.Tensor | None, device: torch.device, ndim: int = 4) -> tuple[Any, bool]:
+    """(array, present): an absent optional input is a 1-element placeholder of the same rank (numba types
+    the kernel per rank), which the kernel never reads."""
+    if t is None:
+        return _array(torch.zeros((1,) * ndim, dtype=torch.float32, device=device)), False
+    return _array(t), True
 
 
-def dsd_transposed(probs: torch.Tensor, x: torch.Tensor, flat: Any, alpha: float) -> torch.Tensor:
-    """alpha * P^T X: (B, H, L, D) fp32, gathered per key block through the column-major index."""
-    batch, heads, length, dim = x.shape
-    block = probs.shape[2]
-    out = torch.zeros_like(x)
-    grid = (heads * (length // block) * _tiles(block) * _tiles(dim), batch)
-    args = (probs, x, out, flat.col_ptr, flat.col_perm, flat.block_row)
-    kernels().dsd_transposed[grid, (TILE, TILE), _stream(x)](*map(_array, args), alpha)
-    return out
+def flash_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    flat: Any,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (B, H, L, D) and lse (B, H * nb, bs), fp32; q, k, v (B, H, L, D) fp32 contiguous; key_padding
+    (B, L) fp32 additive; bias (B' in {1, B}, nnz, bs, bs) fp32 for the present blocks."""
+    batch, heads, length, dim = q.shape
+    block = length // flat.num_blocks
+    check_shapes(block, dim)
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, heads * flat.num_blocks, block), dtype=torch.float32, device=q.device)
+    kp, has_kp = _optional(key_padding, q.device, ndim=2)
+    bias_arr, has_bias = _optional(bias, q.device)
+    grid = (heads * flat.num_blocks, batch)
+    kernels().forward[grid, block, _stream(q)](
+        _array(q), _array(k), _array(v), kp, has_kp, bias_arr, has_bias,
+        _array(flat.row_ptr), _array(flat.block_col), scale, _array(out), _array(lse),
+    )  # fmt: skip
+    return out, lse
+
+
+def flash_backward(
+    saved: tuple[torch.Tensor, ...],
+    key_padding: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    flat: Any,
+    scale: float,
+    want_dbias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """dq, dk, dv (B, H, L, D) and dS (B, nnz, bs, bs) when want_dbias; saved = (q, k, v, dout, lse, delta)."""
+    q, k, v, dout, lse, delta = saved
+    batch, heads, length, _ = q.shape
+    block = length // flat.num_blocks
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    nnz = flat.block_head.shape[0]
+    dbias = (
+        torch.zeros((batch, nnz, block, block), dtype=torch.float32, device=q.device) if want_dbias else None
+    )
+    kp, has_kp = _optional(key_padding, q.device, ndim=2)
+    bias_arr, has_bias = _optional(bias, q.device)
+    dbias_arr, _ = _optional(dbias, q.device)
+    grid = (heads * flat.num_blocks, batch)
+    common = (_array(q), _array(k), _array(v), _array(dout), _array(lse), _array(delta), kp, has_kp)
+    kernels().backward_dq[grid, block, _stream(q)](
+        *common, bias_arr, has_bias, _array(flat.row_ptr), _array(flat.block_col), scale,
+        _array(dq), dbias_arr, want_dbias,
+    )  # fmt: skip
+    kernels().backward_dkv[grid, block, _stream(q)](
+        *common, bias_arr, has_bias, _array(flat.col_ptr), _array(flat.col_perm), _array(flat.block_row),
+        scale, _array(dk), _array(dv),
+    )  # fmt: skip
+    return dq, dk, dv, dbias

@@ -1,7 +1,7 @@
 """Plain torch versions of the Numba kernels in _cuda_kernels, same arguments and results.
 
-Each loops over present blocks with ordinary tensor ops: slow, obviously correct, and what every kernel
-test compares against.
+Dense: the block layout and the block bias are spread onto (B, H, L, L) scores, then ordinary softmax and
+matmuls. Slow, obviously correct, and what every kernel test compares against (tiny shapes only).
 """
 
 from __future__ import annotations
@@ -13,68 +13,71 @@ import torch
 from ._plan import FlatLayout
 
 
-def _block(x: torch.Tensor, head: int, index: int, block: int) -> torch.Tensor:
-    return x[:, head, index * block : (index + 1) * block]  # (B, bs, D)
+def _dense_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    key_padding: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    flat: FlatLayout,
+    scale: float,
+) -> torch.Tensor:
+    """scale * q k^T + bias + key_padding on present blocks, -inf elsewhere: (B, H, L, L) fp32."""
+    batch, heads, length, _ = q.shape
+    block = length // flat.num_blocks
+    scores = torch.full((batch, heads, length, length), -math.inf)
+    full = q.float() @ k.float().transpose(-1, -2) * scale
+    if key_padding is not None:
+        full = full + key_padding[:, None, None, :]
+    for n, (h, r, c) in enumerate(
+        zip(flat.block_head.tolist(), flat.block_row.tolist(), flat.block_col.tolist())
+    ):
+        rows, cols = slice(r * block, (r + 1) * block), slice(c * block, (c + 1) * block)
+        term = full[:, h, rows, cols]
+        if bias is not None:
+            term = term + bias[:, n]
+        scores[:, h, rows, cols] = term
+    return scores
 
 
-def sdd_reference(a: torch.Tensor, b: torch.Tensor, flat: FlatLayout, block: int) -> torch.Tensor:
-    """(B, nnz, bs, bs): a_blk @ b_blk^T for every present block."""
-    blocks = [
-        _block(a, h, r, block) @ _block(b, h, c, block).transpose(-1, -2)
-        for h, r, c in zip(flat.block_head.tolist(), flat.block_row.tolist(), flat.block_col.tolist())
-    ]
-    return torch.stack(blocks, dim=1).float()
-
-
-def softmax_forward_reference(
-    scores: torch.Tensor, bias: torch.Tensor | None, flat: FlatLayout, scale: float, rows: int
+def flash_forward_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_padding: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    flat: FlatLayout,
+    scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(probs, lse): softmax of scale * scores + bias over each query row's present blocks."""
-    batch, _, block, _ = scores.shape
-    x = scores * scale + (0 if bias is None else bias)
-    probs = torch.zeros_like(x)
-    lse = torch.full((batch, rows, block), math.inf)
-    ptr = flat.row_ptr.tolist()
-    for r in range(rows):
-        if ptr[r] == ptr[r + 1]:
-            continue
-        row = x[:, ptr[r] : ptr[r + 1]].permute(0, 2, 1, 3).reshape(batch, block, -1)  # (B, bs, n * bs)
-        p = torch.softmax(row, dim=-1).nan_to_num(0.0)
-        probs[:, ptr[r] : ptr[r + 1]] = p.view(batch, block, -1, block).permute(0, 2, 1, 3)
-        row_lse = torch.logsumexp(row, dim=-1)
-        lse[:, r] = torch.where(row_lse > -math.inf, row_lse, math.inf)
-    return probs, lse
+    """(out, lse) as flash_forward: out 0 and lse +inf for a row with nothing to attend."""
+    batch, heads, length, _ = q.shape
+    block = length // flat.num_blocks
+    scores = _dense_scores(q, k, key_padding, bias, flat, scale)
+    finite = (scores > -math.inf).any(-1, keepdim=True)
+    # exp(s - lse) without NaN for an empty row (all -inf), in the forward and the gradients: its
+    # probabilities are 0, its lse +inf
+    lse = torch.logsumexp(torch.where(finite, scores, 0.0), dim=-1, keepdim=True)
+    out = torch.exp(scores - torch.where(finite, lse, 0.0)) @ v.float()
+    lse = torch.where(finite, lse, math.inf).squeeze(-1)
+    return out, lse.reshape(batch, heads * flat.num_blocks, block)
 
 
-def softmax_backward_reference(
-    probs: torch.Tensor, grad_probs: torch.Tensor, delta: torch.Tensor, flat: FlatLayout
-) -> torch.Tensor:
-    """dS = P * (dP - delta[row of block])."""
-    rows = (flat.block_head.long() * flat.num_blocks + flat.block_row.long()).tolist()
-    return probs * (grad_probs - delta[:, rows].unsqueeze(-1))
-
-
-def dsd_reference(probs: torch.Tensor, x: torch.Tensor, flat: FlatLayout, alpha: float) -> torch.Tensor:
-    """alpha * P X into (B, H, L, D), summing each row's blocks."""
-    block = probs.shape[2]
-    out = torch.zeros_like(x, dtype=torch.float32)
-    for n, (h, r, c) in enumerate(
-        zip(flat.block_head.tolist(), flat.block_row.tolist(), flat.block_col.tolist())
-    ):
-        out[:, h, r * block : (r + 1) * block] += probs[:, n] @ _block(x, h, c, block).float()
-    return alpha * out
-
-
-def dsd_transposed_reference(
-    probs: torch.Tensor, x: torch.Tensor, flat: FlatLayout, alpha: float
-) -> torch.Tensor:
-    """alpha * P^T X into (B, H, L, D), summing each column's blocks."""
-    block = probs.shape[2]
-    out = torch.zeros_like(x, dtype=torch.float32)
-    for n, (h, r, c) in enumerate(
-        zip(flat.block_head.tolist(), flat.block_row.tolist(), flat.block_col.tolist())
-    ):
-        out[:, h, c * block : (c + 1) * block] += (
-            probs[:, n].transpose(-1, -2) @ _block(x, h, r, block).float()
-        )
-    return alpha * out
+def flash_backward_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dout: torch.Tensor,
+    key_padding: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    flat: FlatLayout,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dq, dk, dv, dbias) of flash_forward_reference's output against dout, through torch autograd; dbias
+    (B', nnz, bs, bs) like bias, or None."""
+    q, k, v = (t.float().detach().requires_grad_() for t in (q, k, v))
+    leaves = [q, k, v]
+    if bias is not None:
+        bias = bias.detach().clone().requires_grad_()
+        leaves.append(bias)
+    out, _ = flash_forward_reference(q, k, v, key_padding, bias, flat, scale)
+    grads = torch.autograd.grad(out, leaves, dout.float())
+    return grads[0], grads[1], grads[2], grads[3] if bias is not None else None
