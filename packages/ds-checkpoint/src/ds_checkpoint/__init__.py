@@ -1,5 +1,6 @@
 """Activation checkpointing, and pickle-free training-state checkpoints that load at any world size."""
 
+from ._clone import clone_tensors_for_torch_save
 from ._config_fields import CONFIG_FIELDS
 from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed
 from ._errors import (
@@ -46,6 +47,7 @@ __all__ = [
     "DeepSpeedCheckpoint",
     "DeepSpeedImportError",
     "LoadedState",
+    "clone_tensors_for_torch_save",
     "ShardFormatError",
     "TagValidationError",
     "export_fp32",
