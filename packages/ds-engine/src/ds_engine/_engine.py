@@ -109,10 +109,14 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         with self.timers.time(FORWARD):
             return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
-        """Backward of ``loss / gradient_accumulation_steps`` (scaled for fp16); reduce at a boundary."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+        """Backward of ``loss / gradient_accumulation_steps`` (scaled for fp16); reduce at a boundary.
+
+        ``scale_wrt_gas=False`` (DeepSpeed's flag; the Trainer passes it, having divided the loss itself)
+        backpropagates ``loss`` undivided.
+        """
         gas = self.gradient_accumulation_steps()
-        scaled = loss.float() / gas if gas > 1 else loss
+        scaled = loss.float() / gas if gas > 1 and scale_wrt_gas else loss
         # inside no_sync() the boundary backward keeps its gradients local, as DeepSpeed's does
         boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
         reducer = self.parts.reducer if self._reduce_this_step() else None
