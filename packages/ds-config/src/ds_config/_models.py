@@ -675,6 +675,7 @@ class DSConfig(_Section):
         if isinstance(value, float) and value == float("inf"):
             return STEPS_NEVER
         return value
+
     wall_clock_breakdown: JsonBool = Field(
         False, description="Time the forward, backward and step phases and log them."
     )

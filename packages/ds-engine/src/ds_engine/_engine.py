@@ -109,7 +109,9 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         with self.timers.time(FORWARD):
             return self.module(*args, **kwargs)
 
-    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> torch.Tensor:
+    def backward(
+        self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True
+    ) -> torch.Tensor:
         """Backward of ``loss / gradient_accumulation_steps`` (scaled for fp16); reduce at a boundary.
 
         ``scale_wrt_gas=False`` (DeepSpeed's flag; the Trainer passes it, having divided the loss itself)
