@@ -96,5 +96,13 @@ def test_missing_features_fail_at_use_naming_them(path: str, name: str):
 
 
 def test_unknown_name_says_where_ds_looked():
-    with pytest.raises(AttributeError, match="ds maps deepspeed.utils onto ds_engine.utils"):
+    with pytest.raises(AttributeError, match="ds maps deepspeed.utils onto .*ds_engine.utils"):
         deepspeed.utils.no_such_name  # noqa: B018
+
+
+def test_z3_leaf_modules_fail_at_use_naming_the_feature():
+    """Accelerate imports ``set_z3_leaf_modules`` from ``deepspeed.utils``; ds has no leaf modules."""
+    from deepspeed.utils import set_z3_leaf_modules
+
+    with pytest.raises(deepspeed.FeatureNotAvailableError, match="ZeRO-3 leaf modules"):
+        set_z3_leaf_modules(None, [])

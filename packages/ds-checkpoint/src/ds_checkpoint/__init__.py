@@ -13,7 +13,7 @@ from ._errors import (
     ShardFormatError,
     TagValidationError,
 )
-from ._export import export_fp32
+from ._export import export_fp32, fp32_state_dict
 from ._load import LoadedState, load_state, read_shard, resolve_checkpoint
 from ._save import save_state, validate_tag
 from .activation import (
@@ -51,6 +51,7 @@ __all__ = [
     "ShardFormatError",
     "TagValidationError",
     "export_fp32",
+    "fp32_state_dict",
     "load_deepspeed",
     "load_state",
     "read_shard",
