@@ -32,6 +32,12 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch"],
         ["tensorboard"],
     ),
+    # DeepSpeed's module paths (import deepspeed) over ds-engine: for Trainer, Accelerate, Lightning
+    "deepspeed": (
+        ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
+         "ds-engine"],
+        [],
+    ),
 }
 WORLD_SIZES = [1, 2, 4]
 PER_TEST_TIMEOUT_S = "600"

@@ -1,9 +1,11 @@
 """Check the monorepo's package contracts; exit 1 with one line per problem.
 
-1. No package imports a sibling: only ``ds_config`` and the package itself (``ds-engine`` may import all).
-2. Versions move in lock-step: every package has the same version.
-3. Sibling requirements are ranges (``>=X,<Y``) that admit the current version, and ``ds-engine``
-   requires every other package.
+1. No package imports a sibling: only ``ds_config`` and the package itself (``ds-engine`` may import all,
+   and so may ``deepspeed``, the mapping of DeepSpeed's module paths that sits above ``ds-engine``).
+2. Versions move in lock-step: every package has the same version (``deepspeed``'s is the DeepSpeed API
+   level it maps with the ds version as local label, ``0.19.8+ds.<version>``).
+3. Sibling requirements are ranges (``>=X,<Y``) that admit the current version, ``ds-engine``
+   requires every other ds-* package, and ``deepspeed`` requires ``ds-engine``.
 4. Every ds_* package a package's source imports is declared in its ``dependencies``.
 
 Usage: python tools/check_deps.py
@@ -20,6 +22,8 @@ import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 ASSEMBLER = "ds-engine"
+MAPPER = "deepspeed"  # DeepSpeed's module paths over ds-engine; version "<DeepSpeed API>+ds.<version>"
+_MAPPER_VERSION = re.compile(r"^\d+\.\d+\.\d+\+ds\.(\d+\.\d+\.\d+)$")
 FOUNDATION = "ds-config"
 _REQ = re.compile(r"^(ds-[a-z-]+)\s*(.*)$")
 
@@ -70,6 +74,16 @@ def check(root: Path = ROOT) -> list[str]:
         if (p / "pyproject.toml").exists()
     }
     versions = {name: proj["version"] for name, proj in projects.items()}
+    if MAPPER in versions:
+        m = _MAPPER_VERSION.match(versions[MAPPER])
+        if not m:
+            problems.append(
+                f"{MAPPER}: version {versions[MAPPER]!r} must be '<DeepSpeed API version>+ds.<ds version>'"
+            )
+        else:
+            versions[MAPPER] = m.group(1)
+        if ASSEMBLER not in {r.split(">")[0].split("<")[0].strip() for r in projects[MAPPER]["dependencies"]}:
+            problems.append(f"{MAPPER}: must depend on {ASSEMBLER}")
     if len(set(versions.values())) > 1:
         problems.append(f"versions are not in lock-step: {versions}")
     for name, proj in projects.items():
@@ -86,7 +100,7 @@ def check(root: Path = ROOT) -> list[str]:
                     f"{name}: requirement '{dep}{spec}' must be a range '>=X,<Y' admitting {versions[dep]}"
                 )
         if name == ASSEMBLER:
-            missing = sorted(set(projects) - {ASSEMBLER} - set(declared))
+            missing = sorted(set(projects) - {ASSEMBLER, MAPPER} - set(declared))
             if missing:
                 problems.append(f"{name}: must depend on every package; missing {missing}")
         own = import_name(name)
@@ -94,7 +108,7 @@ def check(root: Path = ROOT) -> list[str]:
             if module == own:
                 continue
             dist = module.replace("_", "-")
-            if name != ASSEMBLER and module != import_name(FOUNDATION):
+            if name not in (ASSEMBLER, MAPPER) and module != import_name(FOUNDATION):
                 problems.append(
                     f"{name} imports sibling {module} (only ds_config is allowed) at {', '.join(places[:3])}"
                 )

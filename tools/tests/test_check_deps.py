@@ -53,3 +53,24 @@ def test_engine_must_depend_on_what_it_imports(tree: Path):
     pyproject = tree / "packages/ds-engine/pyproject.toml"
     pyproject.write_text(pyproject.read_text().replace('    "ds-zero>=0.1.0,<0.2",\n', ""))
     assert any("does not declare ds-zero" in p for p in check_deps.check(tree))
+
+
+def test_deepspeed_mapping_version_drift_is_reported(tree: Path):
+    """``deepspeed``'s local label is the ds version: a label behind the ds-* packages is drift."""
+    pyproject = tree / "packages/deepspeed/pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('version = "0.19.8+ds.0.1.0"', 'version = "0.19.8+ds.0.0.9"'))
+    assert any("lock-step" in p for p in check_deps.check(tree))
+
+
+def test_deepspeed_mapping_version_without_ds_label_is_reported(tree: Path):
+    """A plain DeepSpeed version would pass for a real DeepSpeed: the ``+ds.`` label is required."""
+    pyproject = tree / "packages/deepspeed/pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('version = "0.19.8+ds.0.1.0"', 'version = "0.19.8"'))
+    assert any("deepspeed: version '0.19.8'" in p for p in check_deps.check(tree))
+
+
+def test_deepspeed_mapping_must_require_ds_engine(tree: Path):
+    pyproject = tree / "packages/deepspeed/pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace('    "ds-engine>=0.1.0,<0.2",\n', ""))
+    problems = check_deps.check(tree)
+    assert any("deepspeed: must depend on ds-engine" in p for p in problems), problems

@@ -1,5 +1,6 @@
 """Activation checkpointing, and pickle-free training-state checkpoints that load at any world size."""
 
+from ._clone import clone_tensors_for_torch_save
 from ._config_fields import CONFIG_FIELDS
 from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed
 from ._errors import (
@@ -12,7 +13,7 @@ from ._errors import (
     ShardFormatError,
     TagValidationError,
 )
-from ._export import export_fp32
+from ._export import export_fp32, fp32_state_dict
 from ._load import LoadedState, load_state, read_shard, resolve_checkpoint
 from ._save import save_state, validate_tag
 from .activation import (
@@ -46,9 +47,11 @@ __all__ = [
     "DeepSpeedCheckpoint",
     "DeepSpeedImportError",
     "LoadedState",
+    "clone_tensors_for_torch_save",
     "ShardFormatError",
     "TagValidationError",
     "export_fp32",
+    "fp32_state_dict",
     "load_deepspeed",
     "load_state",
     "read_shard",

@@ -45,6 +45,23 @@ def _plan(state: LoadedState) -> list[tuple[str, list[int], torch.dtype, tuple]]
     return plan
 
 
+def _read(state: LoadedState, source: tuple) -> torch.Tensor:
+    """One planned tensor, flat, as stored (master shards or the model file)."""
+    if source[0] == "master":
+        _, g, start, numel = source
+        return state.read_shard(g, start, start + numel, states=("master",))["master"]
+    return state.file(MODEL_FILE).tensor(source[1]).reshape(-1)
+
+
+def fp32_state_dict(ckpt: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:
+    """The consolidated fp32 weights of a checkpoint as a state dict in memory (what :func:`export_fp32`
+    writes to a file): parameters from the fp32 master shards, buffers and the rest from the model file."""
+    state = _open(ckpt, tag)
+    return {
+        name: _read(state, source).to(dtype).reshape(shape) for name, shape, dtype, source in _plan(state)
+    }
+
+
 def export_fp32(ckpt: str | os.PathLike, out_path: str | os.PathLike, tag: str | None = None) -> list[str]:
     """Write the consolidated fp32 weights of a checkpoint to ``out_path`` (safetensors).
 
@@ -74,11 +91,7 @@ def export_fp32(ckpt: str | os.PathLike, out_path: str | os.PathLike, tag: str |
         f.write(struct.pack("<Q", len(raw)))
         f.write(raw)
         for _, _, dtype, source in plan:
-            if source[0] == "master":
-                _, g, start, numel = source
-                tensor = state.read_shard(g, start, start + numel, states=("master",))["master"]
-            else:
-                tensor = state.file(MODEL_FILE).tensor(source[1]).reshape(-1)
+            tensor = _read(state, source)
             f.write(tensor.to(dtype).contiguous().view(torch.uint8).numpy().tobytes())
         f.flush()
         os.fsync(f.fileno())

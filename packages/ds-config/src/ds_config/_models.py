@@ -603,6 +603,10 @@ class CheckpointConfig(_Section):
         return value
 
 
+# steps_per_print: inf (never) is stored as this int: no step count reaches it
+STEPS_NEVER = 2**63 - 1
+
+
 # --------------------------------------------------------------------------------------------- whole config
 class DSConfig(_Section):
     """The whole DeepSpeed config. Build it with :func:`ds_config.load_config`, which also derives the batch
@@ -663,6 +667,15 @@ class DSConfig(_Section):
         False, description="Allow ZeRO with an optimizer other than Adam/AdamW (untested combinations)."
     )
     steps_per_print: JsonInt = Field(10, ge=1, description="Log progress every this many optimizer steps.")
+
+    @field_validator("steps_per_print", mode="before")
+    @classmethod
+    def _never_print(cls, value: Any) -> Any:
+        """``float("inf")`` (Accelerate's way to silence DeepSpeed's progress log) means never: the largest int."""
+        if isinstance(value, float) and value == float("inf"):
+            return STEPS_NEVER
+        return value
+
     wall_clock_breakdown: JsonBool = Field(
         False, description="Time the forward, backward and step phases and log them."
     )

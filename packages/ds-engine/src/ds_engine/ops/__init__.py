@@ -1,5 +1,9 @@
-"""DeepSpeed's ``deepspeed.ops``: its optimizers and sparse attention, mapped onto ds-optim and ds-sparse-attn."""
+"""DeepSpeed's ``deepspeed.ops``: its optimizers and sparse attention, mapped onto ds-optim and ds-sparse-attn.
 
-from ds_engine.ops import adam, lamb, sparse_attention
+``adagrad`` and ``lion`` are DeepSpeed optimizers ds-optim does not have: their classes fail at
+construction with FeatureNotAvailableError naming them.
+"""
 
-__all__ = ["adam", "lamb", "sparse_attention"]
+from ds_engine.ops import adagrad, adam, lamb, lion, sparse_attention
+
+__all__ = ["adagrad", "adam", "lamb", "lion", "sparse_attention"]

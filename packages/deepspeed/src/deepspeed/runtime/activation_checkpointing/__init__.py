@@ -1,0 +1,1 @@
+"""DeepSpeed's ``deepspeed.runtime.activation_checkpointing`` (issue 29 fills it in)."""

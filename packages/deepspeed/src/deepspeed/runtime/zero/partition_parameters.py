@@ -1,0 +1,55 @@
+"""DeepSpeed's ``deepspeed.runtime.zero.partition_parameters``: stage 3's ``Init`` and its helpers.
+
+``Init``, ``GatheredParameters`` and ``register_external_parameter`` are ds_engine.zero's.
+
+``zero_wrapper_for_fp_tensor_constructor`` and ``_orig_torch_arange`` are here because transformers
+patches the first around ``zero.Init`` (to keep ``torch.arange`` from being cast). DeepSpeed's
+``zero.Init`` routes torch's tensor constructors through that wrapper, so every floating tensor built
+inside it (buffers included) takes the Init's dtype and device. ds's ``zero.Init`` does not patch
+torch's constructors: it casts and partitions parameters as each module is built; buffers keep the
+dtype their module gave them. The wrapper below does what DeepSpeed's does, for code that calls it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from ds_engine.accelerator import get_accelerator
+from ds_engine.zero import GatheredParameters, Init, register_external_parameter
+
+# torch's constructors as they were before any zero.Init (DeepSpeed keeps these names)
+_orig_torch_tensor = torch.tensor
+_orig_torch_empty = torch.empty
+_orig_torch_zeros = torch.zeros
+_orig_torch_ones = torch.ones
+_orig_torch_full = torch.full
+_orig_torch_arange = torch.arange
+_orig_torch_eye = torch.eye
+_orig_torch_randn = torch.randn
+
+
+def zero_wrapper_for_fp_tensor_constructor(
+    fn: Callable[..., torch.Tensor], target_fp_dtype: torch.dtype, target_device: Any = None
+) -> Callable[..., torch.Tensor]:
+    """``fn`` placed on ``target_device`` (default: this rank's accelerator) and, for floating results,
+    cast to ``target_fp_dtype``: DeepSpeed's wrapper for tensor constructors inside ``zero.Init``."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if kwargs.get("device") is None:
+            kwargs["device"] = target_device or get_accelerator().current_device_name()
+        tensor = fn(*args, **kwargs)
+        return tensor.to(target_fp_dtype) if tensor.is_floating_point() else tensor
+
+    return wrapped
+
+
+__all__ = [
+    "GatheredParameters",
+    "Init",
+    "register_external_parameter",
+    "zero_wrapper_for_fp_tensor_constructor",
+]
