@@ -83,19 +83,14 @@ def choose(backend: str, query: torch.Tensor, block: int, needs_grad: bool) -> s
         _say(logging.INFO, where, "numba (forced)")
         return "numba"
     fallback = "numba" if query.is_cuda and _numba_usable(query) else "torch"
-    if backend == "flex":
+    if backend == "flex" or query.is_cuda:  # forced, or auto on CUDA: FlexAttention where it compiles
+        how = "forced" if backend == "flex" else "auto: FlexAttention compiled"
         problem = flex_problem(query, block, num_blocks, needs_grad)
         if problem is None:
-            _say(logging.INFO, where, "flex (forced)")
+            _say(logging.INFO, where, f"flex ({how})")
             return "flex"
-        _say(logging.WARNING, where, f"backend 'flex' falls back to {fallback}: {problem}")
-        return fallback
-    if query.is_cuda:  # auto
-        problem = flex_problem(query, block, num_blocks, needs_grad)
-        if problem is None:
-            _say(logging.INFO, where, "flex (auto: FlexAttention compiled)")
-            return "flex"
-        _say(logging.WARNING, where, f"auto uses {fallback}, not FlexAttention: {problem}")
+        said = f"backend 'flex' falls back to {fallback}" if backend == "flex" else f"auto uses {fallback}, not FlexAttention"
+        _say(logging.WARNING, where, f"{said}: {problem}")
         return fallback
     _say(logging.INFO, where, "torch (auto: measured fastest on CPU)")
     return "torch"
