@@ -89,7 +89,11 @@ def choose(backend: str, query: torch.Tensor, block: int, needs_grad: bool) -> s
         if problem is None:
             _say(logging.INFO, where, f"flex ({how})")
             return "flex"
-        said = f"backend 'flex' falls back to {fallback}" if backend == "flex" else f"auto uses {fallback}, not FlexAttention"
+        said = (
+            f"backend 'flex' falls back to {fallback}"
+            if backend == "flex"
+            else f"auto uses {fallback}, not FlexAttention"
+        )
         _say(logging.WARNING, where, f"{said}: {problem}")
         return fallback
     _say(logging.INFO, where, "torch (auto: measured fastest on CPU)")
