@@ -121,6 +121,7 @@ def integration(session: nox.Session, world_size: int) -> None:
         "-m",
         "pytest",
         "integration",
+        "--ignore=integration/frameworks",  # their own session: they need the frameworks installed
         # the training benchmarks' own tests need every package; run them once, at 2 ranks
         *(
             [
@@ -137,6 +138,33 @@ def integration(session: nox.Session, world_size: int) -> None:
         f"--timeout={PER_TEST_TIMEOUT_S}",
         *session.posargs,
         env={"DS_TEST_WORLD_SIZE": str(world_size)},
+    )
+
+
+# The frameworks that import deepspeed themselves, pinned to the releases their tests were recorded against
+FRAMEWORKS = ["transformers==5.25.0", "accelerate==1.16.0", "lightning==2.6.6"]
+
+
+@nox.session
+def frameworks(session: nox.Session) -> None:
+    """Hugging Face Trainer, Accelerate and Lightning, unmodified, at 2 ranks on ds's `deepspeed` package,
+    against DeepSpeed 0.19.8's recorded losses (integration/frameworks/fixtures, made by
+    tools/make_framework_fixtures.py)."""
+    _install(session, list(PACKAGES), {"ds-launch": ["mpi"]})
+    session.install(*FRAMEWORKS)
+    session.run(
+        "python",
+        "-m",
+        "pytest",
+        "integration/frameworks",
+        "-q",
+        "-rs",
+        "--durations=15",
+        f"--timeout={PER_TEST_TIMEOUT_S}",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
 
 
@@ -174,12 +202,13 @@ def train(session: nox.Session) -> None:
 
 @nox.session
 def tests(session: nox.Session) -> None:
-    """Everything CI runs: lint, docs, each package alone, kernels, integration at every world size."""
+    """Everything CI runs: lint, docs, each package alone, kernels, integration at every world size, frameworks."""
     for name in [
         "lint",
         "docs",
         *[f"pkg(package='{p}')" for p in PACKAGES],
         "kernels",
         *[f"integration(world_size={w})" for w in WORLD_SIZES],
+        "frameworks",
     ]:
         session.notify(name)

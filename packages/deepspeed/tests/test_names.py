@@ -106,3 +106,20 @@ def test_z3_leaf_modules_fail_at_use_naming_the_feature():
 
     with pytest.raises(deepspeed.FeatureNotAvailableError, match="ZeRO-3 leaf modules"):
         set_z3_leaf_modules(None, [])
+
+
+@pytest.mark.parametrize(
+    "dotted",
+    [
+        "runtime.lr_schedules.VALID_LR_SCHEDULES",  # Accelerate's _prepare_deepspeed, the Trainer through it
+        "runtime.zero.partition_parameters",
+        "launcher.runner.DEEPSPEED_ENVIRONMENT_NAME",  # accelerate launch
+        "checkpoint.utils.clone_tensors_for_torch_save",
+    ],
+)
+def test_submodules_are_reachable_as_attributes_after_import_deepspeed(dotted: str):
+    """Frameworks write ``deepspeed.runtime.lr_schedules.X`` after a bare ``import deepspeed``."""
+    value = deepspeed
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    assert value is not None

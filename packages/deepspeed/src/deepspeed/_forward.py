@@ -16,7 +16,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["forward"]
+__all__ = ["forward", "submodules"]
 
 
 def forward(
@@ -47,6 +47,19 @@ def forward(
     for impl in impls:
         names |= set(getattr(impl, "__all__", [n for n in dir(impl) if not n.startswith("_")]))
     return sorted(names), __getattr__, __dir__
+
+
+def submodules(alias: str) -> Callable[[str], Any]:
+    """``__getattr__`` for a package alias that only holds submodules: ``deepspeed.runtime.lr_schedules``
+    works as an attribute without importing it first, as it does under DeepSpeed (whose ``__init__``
+    imports its submodules eagerly)."""
+
+    def __getattr__(name: str) -> Any:
+        if not name.startswith("__") and importlib.util.find_spec(f"{alias}.{name}") is not None:
+            return importlib.import_module(f"{alias}.{name}")
+        raise AttributeError(f"module {alias!r} has no attribute {name!r}")
+
+    return __getattr__
 
 
 def _is_package(name: str) -> bool:

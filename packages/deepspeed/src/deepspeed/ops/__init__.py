@@ -6,3 +6,7 @@
 from deepspeed.ops import adagrad, adam, lamb, lion, sparse_attention
 
 __all__ = ["adagrad", "adam", "lamb", "lion", "sparse_attention"]
+
+from deepspeed._forward import submodules  # noqa: E402
+
+__getattr__ = submodules(__name__)
