@@ -83,6 +83,10 @@ def _all(rank: int, world: int) -> dict:
         "gather": [_comm.gather_method(None, n) for n in (mib, 64 * mib)],
         "reduce": [_comm.reduce_method(None, n) for n in (mib, 56 * mib, 57 * mib)],
         "reduce at 4 ranks": [_comm.REDUCE_CHOICE["gloo"](4, n) for n in (4 * mib, 5 * mib)],
+        # gloo has neither send/recv nor reduce for CUDA tensors: any device but the CPU all-reduces
+        "reduce off the CPU": [
+            _comm.reduce_method(None, n, torch.device(d)) for n, d in ((mib, "cuda"), (mib, "cpu"))
+        ],
     }
     return out
 
@@ -179,10 +183,11 @@ def test_the_all_reduce_gather_keeps_every_bit_including_negative_zero(runs):
 def test_the_shipped_gloo_choice(runs):
     """Measured (docs/benchmarks/ds-zero.md): broadcasts gather at every size; 2 ranks send slices to
     their owners up to 56 MiB (the receive buffer is bounded), 4 ranks up to 4 MiB, and reduce per
-    owner above."""
+    owner above. With CUDA tensors (gloo on a GPU) it all-reduces: gloo has no send/recv or reduce there."""
     for r in runs:
         assert r["shipped"] == {
             "gather": ["broadcast", "broadcast"],
             "reduce": ["send", "send", "reduce"],
             "reduce at 4 ranks": ["send", "reduce"],
+            "reduce off the CPU": ["all_reduce", "send"],
         }

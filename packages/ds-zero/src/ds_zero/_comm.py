@@ -120,9 +120,14 @@ def gather_method(group: ProcessGroup | None, nbytes: int) -> str:
     return choose(group_size(group), nbytes) if choose is not None else "all_gather"
 
 
-def reduce_method(group: ProcessGroup | None, nbytes: int) -> str:
-    """How ``reduce_to_owners`` sums a bucket of ``nbytes`` on ``group``'s backend (``reduce``, ``send`` or ``all_reduce``)."""
-    choose = REDUCE_CHOICE.get(str(dist.get_backend(group)))
+def reduce_method(group: ProcessGroup | None, nbytes: int, device: torch.device | None = None) -> str:
+    """How ``reduce_to_owners`` sums a bucket of ``nbytes`` on ``device`` over ``group``'s backend (``reduce``,
+    ``send`` or ``all_reduce``). gloo has no send/recv or reduce for CUDA tensors (only broadcast and
+    all_reduce): there, on a device other than the CPU, every rank takes the whole sum by ``all_reduce``."""
+    backend = str(dist.get_backend(group))
+    if backend == "gloo" and device is not None and device.type != "cpu":
+        return "all_reduce"
+    choose = REDUCE_CHOICE.get(backend)
     return choose(group_size(group), nbytes) if choose is not None else "reduce"
 
 
@@ -199,7 +204,9 @@ def reduce_to_owners(
     host = _transport.transport(group, *(t for _, t in segments)) if group_size(group) > 1 else None
     if host is not None and method in (None, "all_reduce"):
         return _host_to_owners(host, segments, layout, start, end, group, method == "all_reduce")
-    method = method or reduce_method(group, (end - start) * segments[0][1].element_size())
+    method = method or reduce_method(
+        group, (end - start) * segments[0][1].element_size(), segments[0][1].device
+    )
     if method == "send" and group_size(group) > 1:
         return _send_to_owners(segments, layout, start, end, group)
     if len(segments) == 1:
