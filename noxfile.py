@@ -81,6 +81,7 @@ def package_tests(session: nox.Session, package: str) -> None:
         f"packages/{package}/tests",
         "-q",
         "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
+        "--durations=8",  # the slowest tests, for whoever trims CI time next
         *PARALLEL,
         f"--timeout={PER_TEST_TIMEOUT_S}",
         "-p",
