@@ -52,3 +52,24 @@ def test_a_sigkill_the_launcher_did_not_send_is_the_rank_s_own_failure_even_when
     exits[2] = ProcessExit(kill + 1, -9)
     ends = rank_ends(3, events, exits, STOP, job_failed=True, kill_t_ns=kill)
     assert not ends[2].failed and first_failure(ends).rank == 1
+
+
+def test_config_errors_are_shown_once_per_message_naming_the_ranks_without_tracebacks():
+    bad = "1 problem in DeepSpeed config (ds.json):\n  - train_batch_size = 10: not 3 * 1 * 2"
+    other = "1 problem in DeepSpeed config (ds.json):\n  - fp16.loss_scale = -1: must be >= 0"
+    tb = ["Traceback (most recent call last):\n", "ds_config._errors.ConfigError: ...\n"]
+    events = {
+        r: {"rank": r, "code": 1, "t_ns": 100 + r, "traceback": tb, "config_error": text}
+        for r, text in ((0, bad), (1, other), (2, bad))
+    }
+    exits = {r: ProcessExit(200 + r, 1) for r in range(3)} | {3: ProcessExit(STOP + 5, -15)}
+    lines = report(rank_ends(4, events, exits, STOP, job_failed=True), lambda rank: ["a stderr line"])
+    assert lines == [
+        "ranks 0 and 2 raised ConfigError (exit code 1):",
+        "  | 1 problem in DeepSpeed config (ds.json):",
+        "  |   - train_batch_size = 10: not 3 * 1 * 2",
+        "rank 1 raised ConfigError (exit code 1):",
+        "  | 1 problem in DeepSpeed config (ds.json):",
+        "  |   - fp16.loss_scale = -1: must be >= 0",
+        "Stopped by ds-launch because of it: rank 3 (was killed by signal SIGTERM (15)).",
+    ]

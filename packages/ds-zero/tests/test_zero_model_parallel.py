@@ -10,7 +10,8 @@ import math
 
 import torch
 import torch.distributed as dist
-from ds_zero import ZeroOptimizer, ZeroOptions
+from ds_zero import ZeroOptimizer, ZeroOptions, ZeroStage3Optimizer
+from ds_zero.stage3 import Stage3Options
 from rank_testing import spawn
 from torch import nn
 
@@ -49,14 +50,16 @@ def _worker(rank: int, world: int) -> dict:
     dp_groups = [dist.new_group([d * MP + m for d in range(dp)]) for m in range(MP)]
     mp_groups = [dist.new_group([d * MP + m for m in range(MP)]) for d in range(dp)]
     out = {"expected": _expected_norm(dp)}
-    for stage in (1, 2):
+    groups = {"process_group": dp_groups[mp_rank], "model_parallel_group": mp_groups[dp_rank]}
+    for stage in (1, 2, 3):
         model = _model(mp_rank)
-        zero = ZeroOptimizer(
-            torch.optim.SGD(model.parameters(), lr=0.1),
-            ZeroOptions(stage=stage, reduce_bucket_size=5),
-            process_group=dp_groups[mp_rank],
-            model_parallel_group=mp_groups[dp_rank],
-        )
+        sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+        if stage == 3:  # every parameter partitioned: the counted ranges cut through the shards
+            zero = ZeroStage3Optimizer(
+                model, sgd, Stage3Options(reduce_bucket_size=5, param_persistence_threshold=0), **groups
+            )
+        else:
+            zero = ZeroOptimizer(sgd, ZeroOptions(stage=stage, reduce_bucket_size=5), **groups)
         x, y = _batch(mp_rank, dp)
         lo = 2 * dp_rank
         zero.backward(nn.functional.cross_entropy(model(x[lo : lo + 2]), y[lo : lo + 2]))
@@ -72,7 +75,7 @@ def _worker(rank: int, world: int) -> dict:
 def test_norm_sums_shards_over_the_model_parallel_group_and_counts_replicas_once():
     results = spawn(_worker, 4)
     for rank, r in enumerate(results):
-        for stage in (1, 2):
+        for stage in (1, 2, 3):
             stepped, norm = r[f"stage{stage}"]
             assert stepped, f"rank {rank} stage {stage} skipped a finite step"
             assert math.isclose(norm, r["expected"], rel_tol=1e-6), (rank, stage, norm, r["expected"])

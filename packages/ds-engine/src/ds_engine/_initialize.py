@@ -60,6 +60,7 @@ def initialize(
     With fp32 at ZeRO stage 0 the optimizer returned is the torch optimizer itself (the one the script
     passed, if it passed one), as in DeepSpeed; otherwise it is the engine's wrapper.
     """
+    ds_launch.install_excepthook()  # an uncaught ConfigError: its message once, no traceback
     if model is None:
         raise InitializeError("ds_engine.initialize requires a model: initialize(model=my_module, ...)")
     source = resolve_config_source(args, config, config_params)

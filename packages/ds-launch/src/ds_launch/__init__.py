@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ._discovery import LaunchEnvError
+from ._excepthook import install_excepthook
 from ._hostfile import HostfileError, filter_resources, parse_hostfile, parse_hostfile_lines, select_resources
 from ._topology import Topology
 
@@ -19,6 +20,7 @@ __all__ = [
     "Topology",
     "filter_resources",
     "init_distributed",
+    "install_excepthook",
     "parse_hostfile",
     "parse_hostfile_lines",
     "select_resources",

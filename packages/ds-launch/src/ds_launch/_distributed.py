@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ._discovery import Discovered, LaunchEnvError, discover_from_env, mpi_runtime
+from ._excepthook import install_excepthook
 from ._mpi_discovery import MPI_INSTALL_HINT, mpi_world
 from ._topology import Topology
 
@@ -222,6 +223,7 @@ def init_distributed(
     for its peers (see ``_leave``).
     """
     global _current, _current_group
+    install_excepthook()  # an uncaught ConfigError: its message, without a traceback
     if dist.is_available() and dist.is_initialized():
         _current = _already_initialised(auto_mpi_discovery)
         _current_group = dist.group.WORLD
@@ -268,6 +270,7 @@ def init_distributed(
     else:
         kwargs["init_method"] = init_method or f"tcp://{_bracket(addr)}:{port}"
     dist.init_process_group(timeout=timeout, **kwargs)
+    install_excepthook()  # again: outside the hook init_process_group just installed
     atexit.register(_leave, dist.group.WORLD)
 
     local_rank, local_world_size = found.local_rank, found.local_world_size

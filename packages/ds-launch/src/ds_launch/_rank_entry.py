@@ -12,7 +12,8 @@ additions the launcher's report depends on:
 * how the rank ends (its exit code, or the exception that ended it) is written to
   ``$DS_LAUNCH_EVENTS_DIR/rank<RANK>.json`` before interpreter exit runs the at-exit teardown.
   Teardown can keep a failed rank alive longer than the peers it made fail; the timestamp taken
-  here lets the launcher name the rank that failed first.
+  here lets the launcher name the rank that failed first. A ds_config ConfigError that made it into
+  the record is not printed by the rank: the launcher prints each such message once for the job.
 """
 
 from __future__ import annotations
@@ -60,12 +61,19 @@ def _peer_lost(exc: BaseException) -> bool:
     return False
 
 
-def _record_end(code: int, exc: BaseException | None) -> None:
-    """Write how this rank ends; never let a problem with the record change how the rank exits."""
+def _is_config_error(exc: BaseException) -> bool:
+    """A ds_config ConfigError, without importing ds_config (as ``_excepthook.is_config_error``)."""
+    errors = sys.modules.get("ds_config._errors")
+    return errors is not None and isinstance(exc, errors.ConfigError)
+
+
+def _record_end(code: int, exc: BaseException | None) -> bool:
+    """Write how this rank ends, and say whether it was written; never let a problem with the record
+    change how the rank exits."""
     t_ns = time.monotonic_ns()  # first: this is the moment the launcher orders failures by
     directory, rank = os.environ.get(EVENTS_DIR_ENV), rank_from_env(os.environ)
     if not directory or rank is None:
-        return
+        return False
     import json  # only now: the script's start must not pay for what only its end needs
     import traceback
 
@@ -74,13 +82,16 @@ def _record_end(code: int, exc: BaseException | None) -> None:
         record["peer_lost"] = _peer_lost(exc)
         trimmed = exc.with_traceback(_without_our_frames(exc.__traceback__))
         record["traceback"] = traceback.format_exception(trimmed)[-_TRACEBACK_LINES:]
+        if _is_config_error(exc):
+            record["config_error"] = str(exc)  # the launcher prints it once for the job
     try:
         path = os.path.join(directory, f"rank{rank}.json")
         with open(path + ".tmp", "w") as tmp:
             json.dump(record, tmp)
         os.replace(path + ".tmp", path)  # the launcher never reads half a record
     except OSError:
-        pass  # e.g. a host of an mpirun job that does not share the launcher's file system
+        return False  # e.g. a host of an mpirun job that does not share the launcher's file system
+    return True
 
 
 def _run_script(path: str) -> None:
@@ -111,13 +122,16 @@ def _without_our_frames(tb: TracebackType | None) -> TracebackType | None:
     return tb
 
 
-def _report_uncaught(exc: BaseException) -> None:
+def _report_uncaught(exc: BaseException, recorded: bool) -> None:
     """What the interpreter does for an uncaught exception: set ``sys.last_*`` (at-exit code such as
-    ``init_distributed``'s teardown reads them) and print the traceback through ``sys.excepthook``."""
+    ``init_distributed``'s teardown reads them) and print the traceback through ``sys.excepthook``.
+    A ConfigError in the rank's record is not printed: the launcher prints it once for all ranks."""
     exc = exc.with_traceback(_without_our_frames(exc.__traceback__))
     sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, exc.__traceback__
     if sys.version_info >= (3, 12):
         sys.last_exc = exc
+    if recorded and _is_config_error(exc):
+        return
     sys.excepthook(type(exc), exc, exc.__traceback__)
 
 
@@ -153,8 +167,7 @@ def main(argv: list[str]) -> None:
         _record_end(128 + _SIGINT, exc)
         raise  # the interpreter then ends the process by SIGINT, as it does for a plain script
     except BaseException as exc:
-        _record_end(1, exc)
-        _report_uncaught(exc)
+        _report_uncaught(exc, recorded=_record_end(1, exc))
         raise SystemExit(1) from None
     _record_end(0, None)
 

@@ -58,6 +58,7 @@ class RankEnd:
     peer_lost: bool = False  # its error says a peer went away: probably a consequence
     code: int | None = None  # its exit status (negative: signal); None when unknown
     traceback: Sequence[str] = field(default_factory=tuple)
+    config_error: str | None = None  # the text of the ds_config ConfigError it raised, if it did
 
 
 def read_events(directory: Path) -> dict[int, dict]:
@@ -126,6 +127,7 @@ def rank_ends(
                     bool(event.get("peer_lost")),
                     event["code"],
                     tuple(event.get("traceback", ())),
+                    event.get("config_error"),
                 )
             )
         elif seen is not None and seen.returncode != 0:
@@ -153,10 +155,14 @@ def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) 
     """Lines for the user: the first failure with its last stderr lines, then what followed.
 
     ``tail_of(rank)`` gives a rank's last stderr lines, or None where the launcher cannot tell
-    ranks' stderr apart (under mpirun); the traceback the rank recorded stands in then."""
+    ranks' stderr apart (under mpirun); the traceback the rank recorded stands in then. When the
+    first failure is a ConfigError, each distinct ConfigError message is shown once, naming the ranks
+    that raised it, without a traceback or stderr lines (those ranks printed nothing for it)."""
     first = first_failure(ends)
     if first is None:
         return []
+    if first.config_error is not None:
+        return _config_errors(ends, first)
     lines = [f"rank {first.rank} {first.how}: the first rank to fail."]
     tail = tail_of(first.rank)
     if tail:
@@ -167,7 +173,35 @@ def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) 
     elif tail is not None:
         lines.append(f"rank {first.rank} wrote nothing to stderr.")
     lines += [f"  | {ln}" for chunk in tail or () for ln in chunk.splitlines()]
-    others = [e for e in ends if e.failed and e is not first]
+    return lines + _what_followed(ends, [first])
+
+
+def _config_errors(ends: Sequence[RankEnd], first: RankEnd) -> list[str]:
+    """Each ConfigError message once (the first failure's first), with the ranks that raised it."""
+    by_message: dict[str, list[RankEnd]] = {first.config_error or "": []}
+    for end in ends:
+        if end.failed and end.config_error is not None:
+            by_message.setdefault(end.config_error, []).append(end)
+    lines = []
+    for message, raised in by_message.items():
+        codes = sorted({e.code for e in raised if e.code is not None})
+        status = f"exit code {codes[0]}" if len(codes) == 1 else "exit codes " + ", ".join(map(str, codes))
+        lines.append(f"{_ranks([e.rank for e in raised])} raised ConfigError ({status}):")
+        lines += [f"  | {ln}" for ln in message.splitlines()]
+    return lines + _what_followed(ends, [e for e in ends if e.failed and e.config_error is not None])
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    """'rank 3', 'ranks 0 and 1', 'ranks 0, 1 and 2'."""
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
+
+
+def _what_followed(ends: Sequence[RankEnd], shown: Sequence[RankEnd]) -> list[str]:
+    """The ranks that failed besides those ``shown``, then the ranks the launcher stopped."""
+    lines = []
+    others = [e for e in ends if e.failed and all(e is not s for s in shown)]
     if others:
         others.sort(key=lambda e: (e.t_ns is None, e.t_ns or 0, e.rank))
         lines.append("Then: " + "; ".join(f"rank {e.rank} {_short(e)}" for e in others) + ".")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -111,7 +112,8 @@ def build_group(
     group = FlatGroup(index, params, param_names, layout, rank, flat, master, accum_dtype, opt_group)
     if opts.stage == 1 and (opts.contiguous_gradients or opts.cpu_offload or accum_dtype != dtype):
         group.flat_grad_dtype = accum_dtype
-    group.norm_ranges = norm_ranges(group, mp_rank)
+    spans = ((p, *group.layout.param_range(i)) for i, p in enumerate(group.params))
+    group.norm_ranges = norm_ranges(spans, group.partition, mp_rank)
     return group
 
 
@@ -128,8 +130,11 @@ def _master(weights: torch.Tensor, opts: ZeroOptions) -> torch.Tensor:
     return master
 
 
-def norm_ranges(g: FlatGroup, mp_rank: int | None) -> list[tuple[int, int]] | None:
-    """Ranges of this rank's partition that count towards the global norm (None: all of it).
+def norm_ranges(
+    spans: Iterable[tuple[nn.Parameter, int, int]], partition: tuple[int, int], mp_rank: int | None
+) -> list[tuple[int, int]] | None:
+    """Ranges of this rank's partition ``[ps, pe)`` of a flat group that count towards the global norm
+    (None: all of it), from the group's ``(param, start, end)`` flat spans. Stages 1-3 use this rule.
 
     With a model-parallel group, a parameter replicated across model-parallel ranks counts on
     model-parallel rank 0 only; one marked ``model_parallel`` or ``tensor_model_parallel`` (a shard)
@@ -137,13 +142,12 @@ def norm_ranges(g: FlatGroup, mp_rank: int | None) -> list[tuple[int, int]] | No
     """
     if mp_rank is None or mp_rank == 0:
         return None
-    ps, pe = g.partition
-    ranges = []
-    for i, p in enumerate(g.params):
-        start, end = g.layout.param_range(i)
-        if _is_model_parallel(p) and start < pe and end > ps:
-            ranges.append((max(start, ps) - ps, min(end, pe) - ps))
-    return ranges
+    ps, pe = partition
+    return [
+        (max(start, ps) - ps, min(end, pe) - ps)
+        for p, start, end in spans
+        if _is_model_parallel(p) and start < pe and end > ps
+    ]
 
 
 def _is_model_parallel(p: nn.Parameter) -> bool:

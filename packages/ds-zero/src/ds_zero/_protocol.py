@@ -41,11 +41,12 @@ class FlatShardedOptimizer(Protocol):
     optimizer: torch.optim.Optimizer
     options: ZeroOptions
     stage: int
-    clip_grad: float
-    skipped_steps: int
-    scaler: LossScalerProtocol | None
     dp: int
     rank: int
     process_group: ProcessGroup | None
 
     def staging_buffers(self) -> list[torch.Tensor]: ...
+
+    def step_state(self) -> dict: ...
+
+    def load_step_state(self, extra: dict) -> None: ...

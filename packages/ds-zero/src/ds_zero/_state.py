@@ -69,13 +69,7 @@ def sharded_state(zero: FlatShardedOptimizer) -> tuple[dict[str, torch.Tensor], 
                 "scalars": scalars,
             }
         )
-    extra = {
-        "zero_stage": zero.stage,
-        "clip_grad": zero.clip_grad,
-        "tensor_scalars": sorted(tensor_scalars),
-        "skipped_steps": zero.skipped_steps,
-        "loss_scaler": zero.scaler.state_dict() if zero.scaler is not None else None,
-    }
+    extra = {"zero_stage": zero.stage, "tensor_scalars": sorted(tensor_scalars), **zero.step_state()}
     meta = {
         "format": SHARD_FORMAT,
         "world_size": zero.dp,
@@ -101,9 +95,7 @@ def load_sharded_state(zero: FlatShardedOptimizer, tensors: dict[str, torch.Tens
         g.write_master_back()
         opts = zero.options
         gather_partitions(g, zero.process_group, opts.allgather_bucket_size, opts.allgather_partitions)
-    extra = meta.get("extra", {})
-    if zero.scaler is not None and extra.get("loss_scaler") is not None:
-        zero.scaler.load_state_dict(extra["loss_scaler"])
+    zero.load_step_state(meta.get("extra", {}))
 
 
 def _load_group(

@@ -2,7 +2,7 @@
 
 ``LossScaledStep`` is the bookkeeping ZeRO 1/2 (``_zero``) and ZeRO 3 (``stage3/_optimizer``) share
 around their own norm and update: scale the loss, skip the step on overflow, unscale and clip in one
-divisor, tell the scaler.
+divisor, tell the scaler, and save and restore that bookkeeping with a checkpoint.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class LossScaledStep:
     (already counted and cleared); else divide the gradients by ``divisor``, update, ``_end_step()``.
     """
 
+    optimizer: torch.optim.Optimizer
     scaler: LossScalerProtocol | None
     clip_grad: float
     skipped_steps: int
@@ -37,6 +38,24 @@ class LossScaledStep:
     def loss_scale(self) -> float:
         """The current loss scale (1.0 without a scaler)."""
         return float(self.scaler.loss_scale) if self.scaler is not None else 1.0
+
+    @property
+    def param_groups(self) -> list[dict]:
+        """The inner optimizer's param groups (for LR schedulers); they hold this rank's fp32 partitions."""
+        return self.optimizer.param_groups
+
+    def step_state(self) -> dict:
+        """The step's bookkeeping for a checkpoint's ``meta["extra"]`` (the loss scaler's state included)."""
+        return {
+            "clip_grad": self.clip_grad,
+            "skipped_steps": self.skipped_steps,
+            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
+
+    def load_step_state(self, extra: dict) -> None:
+        """Restore what ``step_state`` saved: the loss scaler's state (scale, counters), when both have one."""
+        if self.scaler is not None and extra.get("loss_scaler") is not None:
+            self.scaler.load_state_dict(extra["loss_scaler"])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         raise NotImplementedError

@@ -274,11 +274,6 @@ class ZeroOptimizer(LossScaledStep):
         """Preallocated gradient buffers (contiguous stage 2)."""
         return self._reducer.staging_buffers
 
-    @property
-    def param_groups(self) -> list[dict]:
-        """The inner optimizer's param groups (for LR schedulers); each holds one fp32 partition."""
-        return self.optimizer.param_groups
-
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """This rank's optimizer state in the "ds-flat-shard/1" format (padding stripped)."""
         return sharded_state(self)

@@ -11,6 +11,7 @@ from .. import _transport
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
 from .._options import check_step_options
+from .._partition import norm_ranges
 from .._protocol import LossScalerProtocol
 from .._step import LossScaledStep, partition_norm_sq
 from ._fetch import FetchSchedule
@@ -190,20 +191,16 @@ class ZeroStage3Optimizer(LossScaledStep):
         )
 
     def _model_parallel_norm_ranges(self) -> list[list[tuple[int, int]] | None]:
-        """Per group, the partition ranges counted in the norm (None: all of it).
-
-        A parameter replicated across model-parallel ranks counts on model-parallel rank 0 only; one
-        marked ``model_parallel`` or ``tensor_model_parallel`` (a shard) counts on every rank.
-        """
-        if self.mp_group is None or group_rank(self.mp_group) == 0:
-            return [None] * len(self.grad_parts)
-        out: list[list[tuple[int, int]] | None] = [[] for _ in self.grad_parts]
+        """Per group, the partition ranges counted in the norm (None: all of it), by the rule of stages
+        1 and 2 (``_partition.norm_ranges``)."""
+        mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None
+        spans: list[list[tuple[nn.Parameter, int, int]]] = [[] for _ in self.grad_parts]
         for s in self.params.slots.values():
-            if getattr(s.param, "model_parallel", False) or getattr(s.param, "tensor_model_parallel", False):
-                ps, pe = self.params.layouts[s.group].partition_range(self.rank)
-                if s.start < pe and s.end > ps:
-                    out[s.group].append((max(s.start, ps) - ps, min(s.end, pe) - ps))
-        return out
+            spans[s.group].append((s.param, s.start, s.end))
+        return [
+            norm_ranges(spans[g], self.params.layouts[g].partition_range(self.rank), mp_rank)
+            for g in range(len(self.grad_parts))
+        ]
 
     def _copy_into_master(self, g: int, lo: int, hi: int) -> None:
         master, part = self.masters[g], self.params.parts[g]
@@ -211,29 +208,17 @@ class ZeroStage3Optimizer(LossScaledStep):
             with torch.no_grad():
                 master[lo:hi].copy_(part[lo:hi])
 
-    @property
-    def param_groups(self) -> list[dict]:
-        """The inner optimizer's param groups (for LR schedulers); each holds its fp32 partition's sub-groups."""
-        return self.optimizer.param_groups
-
     # ------------------------------------------------------------------ state
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """This rank's optimizer state in the ``ds-flat-shard/1`` format of stages 1 and 2."""
-        extra = {
-            "zero_stage": 3,
-            "clip_grad": self.clip_grad,
-            "skipped_steps": self.skipped_steps,
-            "loss_scaler": self.scaler.state_dict() if self.scaler is not None else None,
-        }
+        extra = {"zero_stage": 3, **self.step_state()}
         return sharded_state(self.params, self.masters, self.optimizer, self.sub_groups, extra)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's slice (already cut for this partitioning by the caller); every rank calls it."""
         load_sharded(self.params, self.masters, self.optimizer, self.sub_groups, tensors, meta)
         self._masters_to_parts()
-        loss_scaler = meta.get("extra", {}).get("loss_scaler")
-        if self.scaler is not None and loss_scaler is not None:
-            self.scaler.load_state_dict(loss_scaler)
+        self.load_step_state(meta.get("extra", {}))
 
     def module_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The module's full state dict on every rank (collective), one parameter gathered at a time.
