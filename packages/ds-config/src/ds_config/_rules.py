@@ -43,6 +43,8 @@ _ADAM_PARAMS = {
     "amsgrad",
     "adam_w_mode",
     "torch_adam",
+    "fp32_optimizer_states",  # DeepSpeedCPUAdam's (ZeRO offload)
+    "foreach",  # torch's, with torch_adam
 }
 OPTIMIZER_PARAMS: dict[str, set[str]] = {
     "adam": _ADAM_PARAMS,

@@ -1,0 +1,106 @@
+"""The optimizers DeepSpeed's config builds, and DeepSpeedCPUAdam's extras, against DeepSpeed 0.19.8's record.
+
+The record is ``fixtures/deepspeed_behaviour.json`` (``tools/make_deepspeed_behaviour_fixtures.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ds_engine
+import pytest
+import torch
+from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
+
+RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_behaviour.json").read_text())
+CONFIG_CASES = {
+    "Adam": ({"type": "Adam"}, False),
+    "AdamW": ({"type": "AdamW"}, False),
+    "Adam.torch_adam": ({"type": "Adam", "params": {"torch_adam": True}}, False),
+    "AdamW.torch_adam": ({"type": "AdamW", "params": {"torch_adam": True}}, False),
+    "Adam.adam_w_mode=False.torch_adam": (
+        {"type": "Adam", "params": {"torch_adam": True, "adam_w_mode": False}},
+        False,
+    ),
+    "Adam.offload": ({"type": "Adam"}, True),
+}
+
+
+def _net() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+@pytest.mark.parametrize("case", list(CONFIG_CASES))
+def test_config_adam_builds_deepspeeds_class_and_defaults(case):
+    optimizer, offload = CONFIG_CASES[case]
+    config = {"train_micro_batch_size_per_gpu": 1, "optimizer": optimizer}
+    if offload:
+        config["zero_optimization"] = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+    opt = ds_engine.initialize(model=_net(), config=config)[0].basic_optimizer
+    expected = RECORD["config_optimizer"][case]
+    names = [c.__name__ for c in type(opt).__mro__]
+    assert names[0] == expected["mro"][0] and set(expected["mro"]) <= set(names)
+    assert opt.param_groups[0]["weight_decay"] == expected["weight_decay"]
+    if names[0] in ("FusedAdam", "DeepSpeedCPUAdam"):
+        assert isinstance(opt, FusedAdam if names[0] == "FusedAdam" else DeepSpeedCPUAdam)
+
+
+@pytest.mark.parametrize("fp32_states", [True, False])
+def test_cpu_adam_fp32_optimizer_states(fp32_states):
+    p = torch.nn.Parameter(torch.linspace(-1, 1, 8).to(torch.bfloat16))
+    opt = DeepSpeedCPUAdam([p], lr=0.1, fp32_optimizer_states=fp32_states)
+    p.grad = torch.linspace(0.5, -0.5, 8).to(torch.bfloat16)
+    opt.step()
+    expected = RECORD["cpu_adam"][f"fp32_optimizer_states={fp32_states}"]
+    assert str(opt.state[p]["exp_avg"].dtype) == expected["exp_avg_dtype"]
+    assert p.dtype == torch.bfloat16
+    assert p.float().tolist() == expected["param_after"]
+
+
+def _subgroup_run(adamw: bool, bias_correction: bool = True):
+    p = torch.nn.Parameter(torch.linspace(-1, 1, 8))
+    opt = DeepSpeedCPUAdam([p], lr=0.1, weight_decay=0.1, adamw_mode=adamw, bias_correction=bias_correction)
+    p.grad = torch.linspace(0.5, -0.5, 8)
+    opt.step_subgroup(7)
+    one = (p.detach().clone(), opt.state[7]["exp_avg"].clone(), opt.state[7]["exp_avg_sq"].clone())
+    opt.step_subgroup(7)
+    two = p.detach().clone()
+    opt.rollback_subgroup(7)
+    return opt, p, one, two
+
+
+def test_step_subgroup_and_rollback_match_deepspeed_in_adamw_mode():
+    opt, p, one, two = _subgroup_run(adamw=True)
+    expected = RECORD["cpu_adam"]["subgroup.adamw_mode=True"]
+    assert [str(k) for k in opt.state] == expected["state_keys"]
+    torch.testing.assert_close(two, torch.tensor(expected["after_two_steps"]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(p.detach(), torch.tensor(expected["after_rollback"]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(opt.state[7]["exp_avg"], torch.tensor(expected["exp_avg_after_rollback"]))
+    assert int(opt.state[7]["step"]) == expected["step_after_rollback"]
+
+
+@pytest.mark.parametrize("adamw", [True, False])
+@pytest.mark.parametrize("bias_correction", [True, False])
+def test_rollback_is_the_exact_inverse_of_the_step(adamw, bias_correction):
+    """DeepSpeed undoes every step with AdamW's formula (its Adam-mode rollback misses the L2 term, see
+    docs/deepspeed-api.md); ds inverts the step that ran."""
+    opt, p, one, _ = _subgroup_run(adamw, bias_correction)
+    torch.testing.assert_close(p.detach(), one[0], rtol=0, atol=1e-6)
+    torch.testing.assert_close(opt.state[7]["exp_avg"], one[1], rtol=0, atol=1e-6)
+    torch.testing.assert_close(opt.state[7]["exp_avg_sq"], one[2], rtol=0, atol=1e-7)
+
+
+def test_subgroup_errors():
+    opt = DeepSpeedCPUAdam([torch.nn.Parameter(torch.ones(2))])
+    expected = RECORD["cpu_adam"]["rollback_uninitialised"]
+    with pytest.raises(RuntimeError) as info:
+        opt.rollback_subgroup(0)
+    assert str(info.value) == expected["message"]
+    two = [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.ones(3))]
+    opt = DeepSpeedCPUAdam(two)
+    for q in two:
+        q.grad = torch.ones_like(q)
+    with pytest.raises(ValueError, match="exactly one parameter"):
+        opt.step_subgroup(0)
