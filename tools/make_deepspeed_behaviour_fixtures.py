@@ -19,6 +19,10 @@ import socket
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "packages/ds-engine/tests/fixtures/deepspeed_behaviour.json"
+# the public names and constants of DeepSpeed's module paths, for the deepspeed package's own tests
+NAMES_OUT = (
+    Path(__file__).resolve().parents[1] / "packages/deepspeed/tests/fixtures/deepspeed_module_names.json"
+)
 LOSS = 4.59375  # the loss every case feeds to backward (exact in fp16 and bf16)
 
 
@@ -119,6 +123,42 @@ def _device_count(deepspeed) -> dict:
     return got
 
 
+def _module_names() -> dict:
+    """Public names of the module paths ds maps, and the values of their JSON-able constants."""
+    import importlib
+
+    got = {}
+    for name in (
+        "deepspeed.runtime.constants",
+        "deepspeed.runtime.zero.config",
+        "deepspeed.runtime.precision_config",
+        "deepspeed.runtime.config",
+        "deepspeed.runtime.engine",
+        "deepspeed.runtime.zero",
+        "deepspeed.runtime.activation_checkpointing",
+        "deepspeed.utils",
+        "deepspeed.utils.groups",
+        "deepspeed.git_version_info",
+        "deepspeed.ops.op_builder",
+        "deepspeed.launcher.runner",
+    ):
+        module = importlib.import_module(name)
+        constants = {
+            k: v
+            for k, v in vars(module).items()
+            if k.isupper() and isinstance(v, (str, int, float, bool, type(None)))
+        }
+        got[name] = {"names": sorted(n for n in dir(module) if not n.startswith("_")), "constants": constants}
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    got["enums"] = {
+        "ZeroStageEnum": {m.name: m.value for m in ZeroStageEnum},
+        "ZeroParamStatus": {m.name: m.value for m in ZeroParamStatus},
+    }
+    return got
+
+
 def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -165,6 +205,7 @@ def main() -> None:
     out["config_optimizer"] = _config_optimizers(deepspeed, torch)
     out["cpu_adam"] = _cpu_adam(deepspeed, torch)
     out["device_count"] = _device_count(deepspeed)
+    NAMES_OUT.write_text(json.dumps({"deepspeed": deepspeed.__version__, **_module_names()}, indent=2) + "\n")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

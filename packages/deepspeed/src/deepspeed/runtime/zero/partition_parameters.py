@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 import torch
@@ -29,6 +30,14 @@ _orig_torch_full = torch.full
 _orig_torch_arange = torch.arange
 _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
+
+
+class ZeroParamStatus(Enum):
+    """A stage-3 parameter's state: gathered whole, partitioned, or being gathered (DeepSpeed's values)."""
+
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
 
 
 def zero_wrapper_for_fp_tensor_constructor(
@@ -50,6 +59,7 @@ def zero_wrapper_for_fp_tensor_constructor(
 __all__ = [
     "GatheredParameters",
     "Init",
+    "ZeroParamStatus",
     "register_external_parameter",
     "zero_wrapper_for_fp_tensor_constructor",
 ]
