@@ -104,3 +104,50 @@ def test_subgroup_errors():
         q.grad = torch.ones_like(q)
     with pytest.raises(ValueError, match="exactly one parameter"):
         opt.step_subgroup(0)
+
+
+def test_empty_partition_cache_frees_gathered_stage3_parameters():
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
+    engine = ds_engine.initialize(model=_net(), config=config)[0]
+    params = engine.optimizer.params
+    params.gather(params.slots.values())  # as a forward, or a GatheredParameters, leaves them
+    assert params.live_numel > 0 and all(p.numel() > 0 for p in engine.module.parameters())
+    engine.empty_partition_cache()
+    assert params.live_numel == 0 and all(p.numel() == 0 for p in engine.module.parameters())
+    engine.backward(engine(torch.randn(1, 4)).sum())  # and training goes on
+    engine.step()
+    stage1 = ds_engine.initialize(model=_net(), config={**config, "zero_optimization": {"stage": 1}})[0]
+    stage1.empty_partition_cache()  # nothing to free below stage 3
+
+
+@pytest.mark.parametrize(
+    "fp16, expected",
+    [
+        ({"enabled": True, "initial_scale_power": 8}, (True, True, 256.0, 1000, 1.0)),
+        ({"enabled": True, "loss_scale": 128}, (True, False, 128.0, None, None)),
+        (None, (False, False, 1.0, None, None)),
+    ],
+)
+def test_zero_optimizer_loss_scale_config(fp16, expected):
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 2},
+    }
+    if fp16:
+        config["fp16"] = fp16
+    model = _net().half() if fp16 else _net()
+    optimizer = ds_engine.initialize(model=model, config=config)[0].optimizer
+    got = optimizer.loss_scale_config
+    assert (
+        got.use_grad_scaling,
+        got.dynamic_loss_scale,
+        got.cur_scale,
+        got.scale_window,
+        got.min_loss_scale,
+    ) == (expected)
+    assert optimizer.dynamic_loss_scale is expected[1]
