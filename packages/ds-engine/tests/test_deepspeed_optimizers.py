@@ -151,3 +151,30 @@ def test_zero_optimizer_loss_scale_config(fp16, expected):
         got.min_loss_scale,
     ) == (expected)
     assert optimizer.dynamic_loss_scale is expected[1]
+
+
+def test_stage3_parameters_carry_deepspeeds_attributes():
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    config = {
+        "train_micro_batch_size_per_gpu": 1,
+        "optimizer": {"type": "AdamW"},
+        "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+    }
+    with ds_engine.zero.Init(config_dict_or_path=config):
+        built = _net()
+    shapes = {"0.weight": (8, 4), "0.bias": (8,), "2.weight": (1, 8), "2.bias": (1,)}
+    for name, p in built.named_parameters():  # cut at construction: numel() is 0, ds_numel is not
+        assert p.numel() == 0 and p.ds_numel == torch.Size(shapes[name]).numel()
+        assert p.ds_status == ZeroParamStatus.NOT_AVAILABLE and tuple(p.ds_shape) == shapes[name]
+    engine = ds_engine.initialize(model=built, config=config)[0]
+    params = dict(engine.module.named_parameters())
+    assert len({p.ds_id for p in params.values()}) == len(params)
+    for name, p in params.items():
+        assert p.ds_status == ZeroParamStatus.NOT_AVAILABLE and tuple(p.ds_shape) == shapes[name]
+        assert p.ds_numel == p.ds_tensor.numel()  # one rank holds the whole partition
+    with ds_engine.zero.GatheredParameters(list(params.values())):
+        for p in params.values():
+            assert p.ds_status == ZeroParamStatus.AVAILABLE
+            torch.testing.assert_close(p.ds_tensor, p.detach().reshape(-1))
+    assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in params.values())

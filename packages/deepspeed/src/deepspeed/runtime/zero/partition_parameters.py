@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 import torch
 from ds_engine.accelerator import get_accelerator
-from ds_engine.zero import GatheredParameters, Init, register_external_parameter
+from ds_engine.zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter
 
 # torch's constructors as they were before any zero.Init (DeepSpeed keeps these names)
 _orig_torch_tensor = torch.tensor
@@ -31,13 +30,6 @@ _orig_torch_arange = torch.arange
 _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
 
-
-class ZeroParamStatus(Enum):
-    """A stage-3 parameter's state: gathered whole, partitioned, or being gathered (DeepSpeed's values)."""
-
-    AVAILABLE = 1
-    NOT_AVAILABLE = 2
-    INFLIGHT = 3
 
 
 def zero_wrapper_for_fp_tensor_constructor(
