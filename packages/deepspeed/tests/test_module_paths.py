@@ -134,9 +134,12 @@ def test_repeating_loader_starts_again():
     assert iter(loader) is loader
 
 
-def test_groups_without_a_process_group():
+def test_groups_are_the_world_and_this_rank_alone():
+    import torch.distributed as dist
     from deepspeed.utils import groups
 
-    assert groups.get_data_parallel_world_size() == 1 and groups.get_data_parallel_rank() == 0
+    initialized = dist.is_initialized()  # another test in this process may have made a world of one
+    assert groups.get_data_parallel_world_size() == (dist.get_world_size() if initialized else 1)
+    assert groups.get_data_parallel_rank() == 0
+    assert groups.get_data_parallel_group() is (dist.group.WORLD if initialized else None)
     assert groups.get_model_parallel_world_size() == 1 and groups.get_tensor_model_parallel_rank() == 0
-    assert groups.get_data_parallel_group() is None
