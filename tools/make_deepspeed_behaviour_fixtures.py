@@ -19,6 +19,10 @@ import socket
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[1] / "packages/ds-engine/tests/fixtures/deepspeed_behaviour.json"
+# the public names and constants of DeepSpeed's module paths, for the deepspeed package's own tests
+NAMES_OUT = (
+    Path(__file__).resolve().parents[1] / "packages/deepspeed/tests/fixtures/deepspeed_module_names.json"
+)
 LOSS = 4.59375  # the loss every case feeds to backward (exact in fp16 and bf16)
 
 
@@ -35,11 +39,133 @@ def _error(fn) -> dict | None:
     return None
 
 
+def _config_optimizers(deepspeed, torch) -> dict:
+    """Class (MRO names) and weight decay of the optimizer the config's Adam/AdamW builds."""
+    cases = {
+        "Adam": {"type": "Adam"},
+        "AdamW": {"type": "AdamW"},
+        "Adam.torch_adam": {"type": "Adam", "params": {"torch_adam": True}},
+        "AdamW.torch_adam": {"type": "AdamW", "params": {"torch_adam": True}},
+        "Adam.adam_w_mode=False.torch_adam": {
+            "type": "Adam",
+            "params": {"torch_adam": True, "adam_w_mode": False},
+        },
+        "Adam.offload": {"type": "Adam", "offload": True},
+    }
+    got = {}
+    for name, case in cases.items():
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "optimizer": {"type": case["type"], "params": case.get("params", {})},
+        }
+        if case.get("offload"):
+            config["zero_optimization"] = {"stage": 2, "offload_optimizer": {"device": "cpu"}}
+            config["zero_force_ds_cpu_optimizer"] = False
+        try:
+            eng = deepspeed.initialize(model=_net(torch, torch.float32), config=config)[0]
+            opt = eng.basic_optimizer
+            got[name] = {
+                "mro": [c.__name__ for c in type(opt).__mro__],
+                "weight_decay": opt.param_groups[0]["weight_decay"],
+            }
+        except Exception as exc:  # noqa: BLE001 - recorded: this DeepSpeed cannot build it on CPU
+            got[name] = {"not_run": f"{type(exc).__name__}: {exc}"[:300]}
+    return got
+
+
+def _cpu_adam(deepspeed, torch) -> dict:
+    """DeepSpeedCPUAdam's state dtype with fp32_optimizer_states, and step_subgroup then rollback_subgroup."""
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    got = {}
+    for fp32_states in (True, False):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 8).to(torch.bfloat16))
+        opt = DeepSpeedCPUAdam([p], lr=0.1, fp32_optimizer_states=fp32_states)
+        p.grad = torch.linspace(0.5, -0.5, 8).to(torch.bfloat16)
+        opt.step()
+        got[f"fp32_optimizer_states={fp32_states}"] = {
+            "exp_avg_dtype": str(opt.state[p]["exp_avg"].dtype),
+            "param_after": p.detach().float().tolist(),
+        }
+    for adamw in (True, False):
+        p = torch.nn.Parameter(torch.linspace(-1, 1, 8))
+        opt = DeepSpeedCPUAdam([p], lr=0.1, weight_decay=0.1, adamw_mode=adamw)
+        p.grad = torch.linspace(0.5, -0.5, 8)
+        opt.step_subgroup(7)
+        opt.step_subgroup(7)
+        after = p.detach().clone().tolist()
+        opt.rollback_subgroup(7)
+        got[f"subgroup.adamw_mode={adamw}"] = {
+            "state_keys": [str(k) for k in opt.state],
+            "after_two_steps": after,
+            "after_rollback": p.detach().tolist(),
+            "step_after_rollback": int(opt.state[7]["step"]),
+            "exp_avg_after_rollback": opt.state[7]["exp_avg"].tolist(),
+        }
+    got["rollback_uninitialised"] = _error(
+        lambda: DeepSpeedCPUAdam([torch.nn.Parameter(torch.ones(2))]).rollback_subgroup(0)
+    )
+    return got
+
+
+def _device_count(deepspeed) -> dict:
+    from deepspeed.accelerator import get_accelerator
+
+    got = {}
+    for local_size in ("3", None):
+        saved = os.environ.pop("LOCAL_SIZE", None)
+        if local_size:
+            os.environ["LOCAL_SIZE"] = local_size
+        got[f"LOCAL_SIZE={local_size}"] = get_accelerator().device_count()
+        os.environ.pop("LOCAL_SIZE", None)
+        if saved is not None:
+            os.environ["LOCAL_SIZE"] = saved
+    return got
+
+
+def _module_names() -> dict:
+    """Public names of the module paths ds maps, and the values of their JSON-able constants."""
+    import importlib
+
+    got = {}
+    for name in (
+        "deepspeed.runtime.constants",
+        "deepspeed.runtime.zero.config",
+        "deepspeed.runtime.precision_config",
+        "deepspeed.runtime.config",
+        "deepspeed.runtime.engine",
+        "deepspeed.runtime.zero",
+        "deepspeed.runtime.activation_checkpointing",
+        "deepspeed.utils",
+        "deepspeed.utils.groups",
+        "deepspeed.git_version_info",
+        "deepspeed.ops.op_builder",
+        "deepspeed.launcher.runner",
+    ):
+        module = importlib.import_module(name)
+        constants = {
+            k: v
+            for k, v in vars(module).items()
+            if k.isupper() and isinstance(v, (str, int, float, bool, type(None)))
+        }
+        got[name] = {"names": sorted(n for n in dir(module) if not n.startswith("_")), "constants": constants}
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    got["enums"] = {
+        "ZeroStageEnum": {m.name: m.value for m in ZeroStageEnum},
+        "ZeroParamStatus": {m.name: m.value for m in ZeroParamStatus},
+    }
+    return got
+
+
 def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
     import deepspeed
     import torch
 
@@ -59,7 +185,10 @@ def main() -> None:
                 x = torch.randn(1, 4, dtype=dtype)
                 loss = eng(x).float().sum() * 0 + LOSS
                 got = eng.backward(loss, scale_wrt_gas=wrt)
-                out["backward"][f"{name}.scale_wrt_gas={wrt}"] = {"value": float(got), "dtype": str(got.dtype)}
+                out["backward"][f"{name}.scale_wrt_gas={wrt}"] = {
+                    "value": float(got),
+                    "dtype": str(got.dtype),
+                }
             out["backward"][f"{name}.loss_scale"] = float(getattr(eng.optimizer, "loss_scale", 1.0))
         except Exception as exc:  # noqa: BLE001 - recorded: this DeepSpeed cannot run the case on CPU
             out["backward"][name] = {"not_run": f"{type(exc).__name__}: {exc}"[:300]}
@@ -73,6 +202,10 @@ def main() -> None:
     out["untested_client_optimizer"] = _error(
         lambda: engine(torch.float32, {"zero_optimization": {"stage": 1}}, lambda p: torch.optim.RMSprop(p))
     )
+    out["config_optimizer"] = _config_optimizers(deepspeed, torch)
+    out["cpu_adam"] = _cpu_adam(deepspeed, torch)
+    out["device_count"] = _device_count(deepspeed)
+    NAMES_OUT.write_text(json.dumps({"deepspeed": deepspeed.__version__, **_module_names()}, indent=2) + "\n")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))

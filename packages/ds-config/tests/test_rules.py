@@ -212,3 +212,15 @@ def test_stage3_keys_load_with_deepspeed_defaults():
         "offload_optimizer": {"device": "cpu", "ratio": 0.5}}})  # fmt: skip
     assert old.zero_optimization.stage3_gather_16bit_weights_on_model_save is True
     assert old.zero_optimization.offload_param.device == "cpu"
+
+
+def test_offload_param_at_stage_0_is_ignored_with_a_warning_as_deepspeed_does():
+    from ds_config import ConfigWarning
+
+    with pytest.warns(
+        ConfigWarning, match=r"offload_param.device = 'cpu' has no effect at zero_optimization.stage 0"
+    ):
+        cfg = load_config(
+            {"train_batch_size": 8, "zero_optimization": {"stage": 0, "offload_param": {"device": "cpu"}}}
+        )
+    assert cfg.zero_optimization.stage == 0

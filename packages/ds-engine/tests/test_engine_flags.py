@@ -113,7 +113,7 @@ def test_zero_stage_chooses_the_wrapper(stage):
         assert engine.optimizer.stage == stage
 
 
-@pytest.mark.parametrize("device, optimizer_class", [("none", torch.optim.AdamW), ("cpu", ds_optim.CPUAdam)])
+@pytest.mark.parametrize("device, optimizer_class", [("none", ds_optim.FusedAdam), ("cpu", ds_optim.DeepSpeedCPUAdam)])
 def test_offload_optimizer_device_steps_with_cpu_adam(device, optimizer_class):
     zero = {"stage": 2, "offload_optimizer": {"device": device}}
     engine, *_ = ds_engine.initialize(model=_net(), config=_config(zero_optimization=zero))

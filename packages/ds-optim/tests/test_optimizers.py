@@ -6,7 +6,15 @@ import types
 
 import pytest
 import torch
-from ds_optim import CPUAdam, Lamb, OptimizerConfigError, _cpu_adam, build_optimizer, optimizer_from_config
+from ds_optim import (
+    CPUAdam,
+    FusedAdam,
+    Lamb,
+    OptimizerConfigError,
+    _cpu_adam,
+    build_optimizer,
+    optimizer_from_config,
+)
 
 STEPS = 60
 
@@ -88,7 +96,7 @@ def test_built_adam_matches_reference_and_torch(decoupled):
     if not decoupled:
         section["adam_w_mode"] = False
     actual, opt = _run(lambda ps: build_optimizer(ps, "Adam", section), grads)
-    assert type(opt) is (torch.optim.AdamW if decoupled else torch.optim.Adam)
+    assert type(opt) is FusedAdam and opt.adam_w_mode == int(decoupled)  # DeepSpeed's class for config Adam
     _assert_close(actual, ref_adam(grads, wd=0.05, decoupled=decoupled, bias_correction=True, **HP))
     torch_cls = torch.optim.AdamW if decoupled else torch.optim.Adam
     plain, _ = _run(lambda ps: torch_cls(ps, weight_decay=0.05, **HP), grads)
@@ -98,7 +106,7 @@ def test_built_adam_matches_reference_and_torch(decoupled):
 def test_adamw_type_is_decoupled_even_with_adam_w_mode_false_and_defaults_match_deepspeed():
     params = [torch.nn.Parameter(torch.zeros(2))]
     opt = build_optimizer(params, "AdamW", {"adam_w_mode": False})
-    assert type(opt) is torch.optim.AdamW
+    assert type(opt) is FusedAdam and opt.adam_w_mode == 1
     assert opt.defaults["weight_decay"] == 0.0 and opt.defaults["lr"] == 1e-3
 
 
@@ -301,4 +309,4 @@ def test_from_config_with_the_section_model_only():
         type="Adam", params={"lr": 0.002, "betas": [0.8, 0.999], "adam_w_mode": False}
     )
     opt = build_optimizer(p, real)
-    assert type(opt) is torch.optim.Adam and opt.defaults["lr"] == 0.002
+    assert type(opt) is FusedAdam and opt.adam_w_mode == 0 and opt.defaults["lr"] == 0.002

@@ -9,7 +9,6 @@ from ._errors import (
     CheckpointNotFoundError,
     ClientStateError,
     DeepSpeedImportError,
-    SaveDirMismatchError,
     ShardFormatError,
     TagValidationError,
 )
@@ -29,7 +28,6 @@ from .activation import (
 __version__ = "0.1.0"
 __all__ = [
     "CONFIG_FIELDS",
-    "SaveDirMismatchError",
     "__version__",
     # activation checkpointing (ds_checkpoint.activation holds the rest: reset, errors, settings)
     "checkpoint",

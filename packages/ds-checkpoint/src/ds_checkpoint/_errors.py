@@ -27,9 +27,5 @@ class TagValidationError(CheckpointError, AssertionError):
     """``checkpoint.tag_validation`` is ``Fail`` and the ranks passed different tags."""
 
 
-class SaveDirMismatchError(CheckpointError, ValueError):
-    """The ranks of one save passed different ``save_dir``s; raised on every rank before anything is written."""
-
-
 class DeepSpeedImportError(CheckpointError):
     """A DeepSpeed checkpoint uses a layout or a pickled class this importer does not accept."""

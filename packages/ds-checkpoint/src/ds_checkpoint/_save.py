@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ._errors import ClientStateError, SaveDirMismatchError, ShardFormatError, TagValidationError
+from ._errors import ClientStateError, ShardFormatError, TagValidationError
 from ._format import (
     FORMAT,
     LATEST_FILE,
@@ -84,26 +84,30 @@ def _barrier(group: dist.ProcessGroup | None) -> None:
         dist.barrier(group=group)
 
 
-def check_same_save_dir(save_dir: str | os.PathLike, group: dist.ProcessGroup | None = None) -> None:
-    """Fail on every rank, before anything is written, unless all ranks name the same save directory.
+def agree_on_save_dir(save_dir: str | os.PathLike, group: dist.ProcessGroup | None = None) -> Path:
+    """Rank 0's ``save_dir``, on every rank: the folder one save writes into.
 
-    The ranks of one save write into one directory that rank 0 creates and renames into place; a rank
-    told to write elsewhere (a per-rank timestamp in the name, say) would otherwise die inside a writer.
+    A script that names its folder by a per-rank timestamp (DeepSpeed's BERT pre-training example does)
+    passes a different ``save_dir`` on each rank. DeepSpeed then scatters one checkpoint over several
+    folders that it cannot load back; here every rank writes into rank 0's folder, so the checkpoint is
+    complete and loads, and rank 0 warns once naming the folders the other ranks asked for.
     """
-    if not _distributed():
-        return
     mine = os.path.abspath(save_dir)
+    if not _distributed():
+        return Path(save_dir)
     paths: list[str | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(paths, mine, group=group)
     differing = [(r, p) for r, p in enumerate(paths) if p != paths[0]]
-    if differing:
-        rank, other = differing[0]
-        raise SaveDirMismatchError(
-            f"save_checkpoint: the ranks passed different save_dirs: rank 0 {paths[0]!r}, rank {rank} {other!r}"
-            f" ({len(differing)} rank(s) differ from rank 0). Nothing was written. Pass the same save_dir on"
-            " every rank (for a timestamped name, make it on rank 0 and broadcast it, e.g. with"
-            " torch.distributed.broadcast_object_list)."
+    if differing and _rank_world(group)[0] == 0:
+        asked = ", ".join(f"rank {r}: {p!r}" for r, p in differing)
+        warnings.warn(
+            f"save_checkpoint: the ranks passed different save_dirs; every rank writes into rank 0's "
+            f"{paths[0]!r} so that the checkpoint is complete and loads. The others asked for {asked}. Pass the "
+            "same save_dir on every rank (for a timestamped name, make it on rank 0 and broadcast it, e.g. "
+            "with torch.distributed.broadcast_object_list) to silence this",
+            stacklevel=3,
         )
+    return Path(paths[0]) if differing else Path(save_dir)
 
 
 def validate_tag(tag: str, mode: str = "Warn", group: dist.ProcessGroup | None = None) -> bool:
@@ -304,7 +308,7 @@ def save_state(
         )
     rank, world_size = _rank_world(group)
     validate_tag(tag, tag_validation, group)
-    check_same_save_dir(save_dir, group)
+    save_dir = agree_on_save_dir(save_dir, group)
     if _distributed():
         # Every rank must write into the same directory: rank 0's tag wins if they differ.
         tags = [tag]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import difflib
 import sys
+import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ._errors import ConfigProblem
+from ._errors import ConfigProblem, ConfigWarning
 from ._models import (
     NATIVE_OPTIMIZERS,
     NATIVE_SCHEDULERS,
@@ -43,6 +44,8 @@ _ADAM_PARAMS = {
     "amsgrad",
     "adam_w_mode",
     "torch_adam",
+    "fp32_optimizer_states",  # DeepSpeedCPUAdam's (ZeRO offload)
+    "foreach",  # torch's, with torch_adam
 }
 OPTIMIZER_PARAMS: dict[str, set[str]] = {
     "adam": _ADAM_PARAMS,
@@ -160,7 +163,16 @@ def offload_rules(cfg: DSConfig) -> list[P]:
     if param is not None and param.device == "nvme":
         problems.append(P("zero_optimization.offload_param.device", "NVMe offload (ZeRO-Infinity) is not "
                           "supported by ds; use 'cpu'", "nvme"))  # fmt: skip
-    if param is not None and param.device != "none" and zero.stage != 3:
+    if param is not None and param.device != "none" and zero.stage == 0:
+        # ZeRO off: the section is inert, as in DeepSpeed (a template config with the stage switched to 0)
+        warnings.warn(
+            f"zero_optimization.offload_param.device = {param.device!r} has no effect at zero_optimization.stage 0 "
+            "(ZeRO is off, so no parameter is partitioned or offloaded); DeepSpeed ignores it too. Set stage to 3 "
+            "to offload parameters, or remove offload_param",
+            ConfigWarning,
+            stacklevel=2,
+        )
+    elif param is not None and param.device != "none" and zero.stage != 3:
         problems.append(P("zero_optimization.offload_param.device", "parameter offload needs "
                           f"zero_optimization.stage 3 (stage {zero.stage} keeps every parameter whole); set "
                           "stage to 3, or remove offload_param", param.device))  # fmt: skip

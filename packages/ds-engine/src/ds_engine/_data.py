@@ -1,8 +1,8 @@
-"""The training dataloader initialize() builds when given ``training_data``."""
+"""The training dataloader initialize() builds when given ``training_data``, and ``RepeatingLoader``."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -31,3 +31,25 @@ def build_dataloader(
         drop_last=drop_last,
         pin_memory=torch.cuda.is_available(),
     )
+
+
+class RepeatingLoader:
+    """DeepSpeed's ``RepeatingLoader``: iterate ``loader`` forever, starting it again when it ends.
+
+    As in DeepSpeed, a new pass is just ``iter(loader)`` again: a ``DistributedSampler``'s epoch is not
+    advanced, so a shuffled loader repeats the same order unless the script calls ``set_epoch`` itself.
+    """
+
+    def __init__(self, loader: Iterable[Any]) -> None:
+        self.loader = loader
+        self.data_iter: Iterator[Any] = iter(loader)
+
+    def __iter__(self) -> RepeatingLoader:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self.data_iter)
+        except StopIteration:
+            self.data_iter = iter(self.loader)
+            return next(self.data_iter)  # an empty loader ends here, with StopIteration

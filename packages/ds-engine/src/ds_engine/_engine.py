@@ -161,6 +161,12 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             self._report()
         self.micro_steps += 1
 
+    def empty_partition_cache(self) -> None:
+        """Free stage 3's gathered parameter copies not in use (DeepSpeed's name); nothing to free below stage 3."""
+        release = getattr(self.optimizer, "empty_partition_cache", None)
+        if release is not None:
+            release()
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad()
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from ds_launch import discover_from_env
 
 __all__ = ["Accelerator", "get_accelerator", "set_accelerator", "is_current_accelerator_supported"]
 
@@ -106,8 +107,13 @@ class Accelerator:
         return torch.cuda.current_device() if self._cuda else 0
 
     def device_count(self) -> int:
-        """CUDA devices, or 1 on the CPU (one process per rank, as ds-launch starts them)."""
-        return torch.cuda.device_count() if self._cuda else 1
+        """CUDA devices; on the CPU, as DeepSpeed's CPU accelerator: ``LOCAL_SIZE`` when set, else the
+        launcher's local world size (``LOCAL_WORLD_SIZE``, Open MPI's, PMI's, SLURM's), else 1. Scripts
+        size their process groups from it, so a CPU job of 4 ranks per host answers 4. (DeepSpeed falls
+        back to the NUMA node count; ds falls back to 1, one process per rank.)"""
+        if self._cuda:
+            return torch.cuda.device_count()
+        return _cpu_local_world_size(os.environ)
 
     def is_available(self) -> bool:
         return torch.cuda.is_available() if self._cuda else True
@@ -310,3 +316,11 @@ def set_accelerator(accel_obj: Accelerator) -> None:
 
 def is_current_accelerator_supported() -> bool:
     return get_accelerator()._name in _SUPPORTED
+
+
+def _cpu_local_world_size(env: Mapping[str, str]) -> int:
+    local_size = env.get("LOCAL_SIZE", "")
+    if local_size.strip().isdigit() and int(local_size) > 0:
+        return int(local_size)
+    found = discover_from_env(env)
+    return found.local_world_size if found is not None and found.local_world_size else 1

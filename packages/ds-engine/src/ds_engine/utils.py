@@ -1,4 +1,4 @@
-"""DeepSpeed's ``deepspeed.utils``: ``logger`` and ``log_dist``.
+"""DeepSpeed's ``deepspeed.utils``: ``logger``, ``log_dist``, ``RepeatingLoader``.
 
 ``logger`` is the ``ds_engine`` logger the engine itself writes to, so a script's messages and the
 engine's arrive in one stream with one format.
@@ -11,8 +11,9 @@ import logging
 from typing import Any
 
 from ds_engine import comm
+from ds_engine._data import RepeatingLoader
 
-__all__ = ["log_dist", "logger", "print_json_dist"]
+__all__ = ["RepeatingLoader", "log_dist", "logger", "print_json_dist"]
 
 logger = logging.getLogger("ds_engine")
 

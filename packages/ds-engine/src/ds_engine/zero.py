@@ -9,12 +9,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from ds_zero import GatheredParameters, PartitionOnConstruction
-from ds_zero.stage3 import register_external_parameter
+from ds_zero.stage3 import ZeroParamStatus, register_external_parameter
 from torch import nn
 
 from ds_engine._dist import init_distributed
 
-__all__ = ["GatheredParameters", "Init", "check_partitioned_model", "register_external_parameter"]
+__all__ = [
+    "GatheredParameters",
+    "Init",
+    "ZeroParamStatus",
+    "check_partitioned_model",
+    "register_external_parameter",
+]
 
 
 class Init(PartitionOnConstruction):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ._discovery import LaunchEnvError
+from ._discovery import LaunchEnvError, discover_from_env
 from ._excepthook import install_excepthook
 from ._hostfile import HostfileError, filter_resources, parse_hostfile, parse_hostfile_lines, select_resources
 from ._topology import Topology
@@ -18,6 +18,7 @@ __all__ = [
     "HostfileError",
     "LaunchEnvError",
     "Topology",
+    "discover_from_env",
     "filter_resources",
     "init_distributed",
     "install_excepthook",

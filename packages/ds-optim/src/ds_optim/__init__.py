@@ -13,6 +13,7 @@ from ds_optim._build import (
 )
 from ds_optim._config_fields import CONFIG_FIELDS
 from ds_optim._cpu_adam import CPUAdam
+from ds_optim._deepspeed_adam import DeepSpeedCPUAdam, FusedAdam
 from ds_optim._fused import prefer_fused_kernel
 from ds_optim._lamb import Lamb
 from ds_optim._onebit import OneBitAdam
@@ -22,6 +23,8 @@ __version__ = "0.1.0"
 __all__ = [
     "CONFIG_FIELDS",
     "CPUAdam",
+    "DeepSpeedCPUAdam",
+    "FusedAdam",
     "LRRangeTest",
     "Lamb",
     "OneBitAdam",

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from ds_config import OptimizerConfig, SchedulerConfig
 
-from ds_optim._cpu_adam import CPUAdam
+from ds_optim._deepspeed_adam import DeepSpeedCPUAdam, FusedAdam
 from ds_optim._fused import fused_kernel_supported
 from ds_optim._lamb import Lamb
 from ds_optim._onebit import OneBitAdam
@@ -86,28 +86,28 @@ def _all_tensors(params: list[Any]) -> list[torch.Tensor]:
 
 
 def _build_adam(params: list[Any], opts: dict[str, Any], adamw_type: bool, cpu_offload: bool) -> Any:
-    """DeepSpeed's Adam/AdamW: decoupled decay unless ``adam_w_mode`` is false (and type is not AdamW)."""
-    opts.pop("torch_adam", None)  # torch's implementation is always used here
+    """DeepSpeed's Adam/AdamW: decoupled decay unless ``adam_w_mode`` is false (and type is not AdamW).
+
+    As in DeepSpeed: ``torch_adam: true`` builds ``torch.optim.AdamW``/``Adam`` from the remaining params
+    (torch's defaults then apply: AdamW's weight_decay is 0.01); otherwise ZeRO offload builds
+    ``DeepSpeedCPUAdam`` (``fp32_optimizer_states`` passes through) and everything else ``FusedAdam``
+    (weight_decay 0 by default). All of them step on torch's fused Adam kernel where it takes the tensors.
+    """
+    torch_adam = bool(opts.pop("torch_adam", False))
     adam_w_mode = bool(opts.pop("adam_w_mode", True))
     decoupled = adamw_type or adam_w_mode
-    bias_correction = bool(opts.pop("bias_correction", True))
-    opts.setdefault("weight_decay", 0.0)  # DeepSpeed's default; torch.optim.AdamW's is 0.01
-    if cpu_offload or not bias_correction:
-        _check_kwargs(CPUAdam, opts, "Adam", "optimizer", skip=2)
-        return CPUAdam(params, bias_correction=bias_correction, adamw_mode=decoupled, **opts)
-    cls = torch.optim.AdamW if decoupled else torch.optim.Adam
-    _check_kwargs(cls, opts, "Adam", "optimizer", skip=2)
-    tensors = _all_tensors(params)
-    if (
-        fused_kernel_supported(tensors)
-        and not opts.get("amsgrad", False)
-        and "foreach" not in opts
-        and "fused" not in opts
-    ):
-        opts["fused"] = True
-    elif "fused" not in opts:
-        opts.setdefault("foreach", True)
-    return cls(params, **opts)
+    if torch_adam:
+        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+        _check_kwargs(cls, opts, "Adam", "optimizer (torch_adam: true builds torch.optim's class)", skip=2)
+        if "fused" not in opts and "foreach" not in opts and not opts.get("amsgrad", False):
+            # same math as torch's default foreach path, ~10x faster on CPU (see _fused.py)
+            opts["fused"] = True if fused_kernel_supported(_all_tensors(params)) else None
+        return cls(params, **opts)
+    if cpu_offload:
+        _check_kwargs(DeepSpeedCPUAdam, opts, "Adam", "optimizer", skip=2)
+        return DeepSpeedCPUAdam(params, adamw_mode=decoupled, **opts)
+    _check_kwargs(FusedAdam, opts, "Adam", "optimizer", skip=2)
+    return FusedAdam(params, adam_w_mode=decoupled, **opts)
 
 
 def build_optimizer(

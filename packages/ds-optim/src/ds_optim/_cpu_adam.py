@@ -53,6 +53,9 @@ class CPUAdam(torch.optim.Optimizer):
         lr, betas, eps, weight_decay: as in ``torch.optim.AdamW``.
         bias_correction: divide the moments by ``1 - beta**t`` (DeepSpeed's default True).
         adamw_mode: decoupled weight decay (True) or L2 regularisation (False).
+        fp32_optimizer_states: keep the moments in fp32 whatever the parameters' dtype (the default; a
+            bf16/fp16 parameter is then updated in fp32 and rounded once), or in the parameters' own
+            dtype (False: half the state memory for bf16 parameters, at lower state precision).
 
     ``step(lowp_params=...)`` also writes each updated parameter into the matching low-precision tensor.
     """
@@ -67,6 +70,7 @@ class CPUAdam(torch.optim.Optimizer):
         bias_correction: bool = True,
         adamw_mode: bool = True,
         amsgrad: bool = False,
+        fp32_optimizer_states: bool = True,
     ) -> None:
         if amsgrad:
             raise ValueError(
@@ -87,6 +91,7 @@ class CPUAdam(torch.optim.Optimizer):
             adamw_mode=adamw_mode,
         )
         super().__init__(params, defaults)
+        self.fp32_optimizer_states = fp32_optimizer_states
 
     def _group_state(self, group: dict[str, Any]) -> tuple[list[torch.Tensor], ...]:
         params, grads, exp_avgs, exp_avg_sqs = [], [], [], []
@@ -97,14 +102,20 @@ class CPUAdam(torch.optim.Optimizer):
                 raise RuntimeError("CPUAdam does not support sparse gradients")
             state = self.state[p]
             if not state:
-                state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state.update(self._new_state(p))
             params.append(p)
             grads.append(p.grad)
             exp_avgs.append(state["exp_avg"])
             exp_avg_sqs.append(state["exp_avg_sq"])
         return params, grads, exp_avgs, exp_avg_sqs
+
+    def _new_state(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        dtype = torch.float32 if self.fp32_optimizer_states else p.dtype
+        return {
+            "step": torch.zeros((), dtype=torch.float32, device=p.device),
+            "exp_avg": torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format),
+            "exp_avg_sq": torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format),
+        }
 
     @torch.no_grad()
     def step(
@@ -128,7 +139,7 @@ class CPUAdam(torch.optim.Optimizer):
                 self.state[p]["step"] += 1
             if lowp_of and self._one_pass(group, params, grads, exp_avgs, exp_avg_sqs, lowp_of):
                 continue
-            self._kernel(group, params, grads, exp_avgs, exp_avg_sqs, [self.state[p]["step"] for p in params])
+            self._update(group, params, grads, exp_avgs, exp_avg_sqs, [self.state[p]["step"] for p in params])
             pairs = [(lowp_of[id(p)], p) for p in params if id(p) in lowp_of]
             if pairs:
                 torch._foreach_copy_([q for q, _ in pairs], [p for _, p in pairs])
@@ -181,6 +192,29 @@ class CPUAdam(torch.optim.Optimizer):
                     f"lowp_params shape {tuple(q.shape)} does not match parameter {tuple(p.shape)}"
                 )
         return {id(p): q for p, q in zip(all_params, lowp_params)}
+
+    @classmethod
+    def _update(
+        cls,
+        group: dict[str, Any],
+        params: list[torch.Tensor],
+        grads: list[torch.Tensor],
+        exp_avgs: list[torch.Tensor],
+        exp_avg_sqs: list[torch.Tensor],
+        steps: list[torch.Tensor],
+    ) -> None:
+        """The fused kernel on every row; a parameter whose moments are fp32 but itself is not (bf16/fp16
+        with ``fp32_optimizer_states``) is updated in an fp32 copy and rounded back once."""
+        rows = list(zip(params, grads, exp_avgs, exp_avg_sqs, steps))
+        same = [r for r in rows if r[0].dtype == r[2].dtype]
+        upcast = [r for r in rows if r[0].dtype != r[2].dtype]
+        if same:
+            cls._kernel(group, *(list(col) for col in zip(*same)))
+        if upcast:
+            p32 = [r[0].float() for r in upcast]
+            g32 = [r[1].float() for r in upcast]
+            cls._kernel(group, p32, g32, *(list(col) for col in list(zip(*upcast))[2:]))
+            torch._foreach_copy_([r[0] for r in upcast], p32)
 
     @staticmethod
     def _kernel(

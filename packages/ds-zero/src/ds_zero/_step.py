@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -17,7 +18,25 @@ from ._comm import ProcessGroup, all_gather_views
 from ._partition import FlatGroup
 from ._protocol import LossScalerProtocol
 
-__all__ = ["LossScaledStep", "gather_partitions", "global_norm_sq", "partition_norm_sq", "unscale_factor"]
+__all__ = ["LossScaleConfig", "LossScaledStep", "gather_partitions", "global_norm_sq", "partition_norm_sq", "unscale_factor"]
+
+
+@dataclass(frozen=True)
+class LossScaleConfig:
+    """DeepSpeed's ``optimizer.loss_scale_config``, read from the scaler when asked (fields by its names).
+
+    ``use_grad_scaling`` is False without a scaler (fp32, bf16): then the scale is 1.0 and the dynamic
+    fields are None, as in DeepSpeed.
+    """
+
+    use_grad_scaling: bool
+    dynamic_loss_scale: bool
+    cur_iter: int
+    cur_scale: float
+    last_overflow_iter: int | None = None
+    scale_factor: float | None = None
+    scale_window: int | None = None
+    min_loss_scale: float | None = None
 
 
 class LossScaledStep:
@@ -56,6 +75,30 @@ class LossScaledStep:
         """Restore what ``step_state`` saved: the loss scaler's state (scale, counters), when both have one."""
         if self.scaler is not None and extra.get("loss_scaler") is not None:
             self.scaler.load_state_dict(extra["loss_scaler"])
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """True when the loss scale moves (fp16 with ``loss_scale: 0``), as DeepSpeed's attribute says."""
+        return bool(getattr(self.scaler, "dynamic", False))
+
+    @property
+    def loss_scale_config(self) -> LossScaleConfig:
+        """The scaler's current settings and state under DeepSpeed's names (a fresh snapshot per access)."""
+        scaler = self.scaler
+        if scaler is None:
+            return LossScaleConfig(use_grad_scaling=False, dynamic_loss_scale=False, cur_iter=0, cur_scale=1.0)
+        if not self.dynamic_loss_scale:
+            return LossScaleConfig(True, False, 0, self.loss_scale)
+        return LossScaleConfig(
+            use_grad_scaling=True,
+            dynamic_loss_scale=True,
+            cur_iter=int(getattr(scaler, "cur_iter", 0)),
+            cur_scale=self.loss_scale,
+            last_overflow_iter=getattr(scaler, "last_overflow_iter", None),
+            scale_factor=2.0,  # the scale halves on overflow and doubles when stable
+            scale_window=getattr(scaler, "scale_window", None),
+            min_loss_scale=getattr(scaler, "min_scale", None),
+        )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         raise NotImplementedError

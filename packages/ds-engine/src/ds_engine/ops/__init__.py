@@ -4,6 +4,6 @@
 construction with FeatureNotAvailableError naming them.
 """
 
-from ds_engine.ops import adagrad, adam, lamb, lion, sparse_attention
+from ds_engine.ops import adagrad, adam, lamb, lion, op_builder, sparse_attention
 
-__all__ = ["adagrad", "adam", "lamb", "lion", "sparse_attention"]
+__all__ = ["adagrad", "adam", "lamb", "lion", "op_builder", "sparse_attention"]

@@ -9,12 +9,14 @@ from ._gathered import GatheredParameters
 from ._hooks import register_external_parameter
 from ._optimizer import ZeroStage3Optimizer
 from ._options import CONFIG_FIELDS_STAGE3, Stage3Options
+from ._status import ZeroParamStatus
 
 __all__ = [
     "CONFIG_FIELDS_STAGE3",
     "GatheredParameters",
     "PartitionOnConstruction",
     "Stage3Options",
+    "ZeroParamStatus",
     "ZeroStage3Optimizer",
     "register_external_parameter",
 ]

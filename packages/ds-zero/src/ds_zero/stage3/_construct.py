@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._comm import ProcessGroup, global_rank, group_rank, group_size
+from ._status import mark
 
 __all__ = [
     "PartitionOnConstruction",
@@ -58,14 +59,14 @@ def cut(p: torch.Tensor, full: torch.Tensor, group: ProcessGroup | None) -> None
     mine = flat[rank * chunk : (rank + 1) * chunk]
     p.ds_chunk = torch.zeros(chunk, dtype=flat.dtype, device=flat.device)
     p.ds_chunk[: mine.numel()].copy_(mine)
-    p.ds_shape = full.shape
     p.ds_group = group
     p.data = torch.empty(0, dtype=flat.dtype, device=flat.device)
+    mark(p, full.shape, p.ds_chunk, whole=False)  # sets ds_shape too
 
 
 def forget_construction(p: torch.Tensor) -> None:
     """Drop the construction chunk once the optimizer holds the parameter in its partitions."""
-    for name in ("ds_chunk", "ds_shape", "ds_group"):
+    for name in ("ds_chunk", "ds_group"):
         if hasattr(p, name):
             delattr(p, name)
 

@@ -75,6 +75,11 @@ class FetchSchedule:
                 free.append(s)
         self.params.release(free)
 
+    def release_all(self) -> None:
+        """Release every whole parameter no module is using, those kept for reuse included."""
+        self._kept.clear()
+        self.params.release(self.params.slots.values())
+
     def end_micro_step(self) -> None:
         """After a backward: a recording becomes the trace; the next micro-step follows it from the start."""
         if self._recording is not None:

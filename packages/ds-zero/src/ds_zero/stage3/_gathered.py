@@ -10,6 +10,7 @@ from torch import nn
 
 from .._comm import global_rank, group_size
 from ._construct import cut, full_value, is_constructed_partitioned
+from ._status import ZeroParamStatus, set_status
 
 __all__ = ["GatheredParameters"]
 
@@ -40,6 +41,7 @@ class GatheredParameters:
         for p in self.params:
             if is_constructed_partitioned(p):
                 p.data = full_value(p).clone()
+                set_status(p, ZeroParamStatus.AVAILABLE)
         for manager, slots in self._managed():
             for s in slots:
                 s.pins += 1  # keeps them whole until __exit__
@@ -56,6 +58,7 @@ class GatheredParameters:
                     cut(p, p.data, group)
                 else:
                     p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+                    set_status(p, ZeroParamStatus.NOT_AVAILABLE)
         for manager, slots in self._managed():
             with torch.no_grad():
                 for s in slots:

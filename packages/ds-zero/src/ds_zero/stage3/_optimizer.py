@@ -273,6 +273,11 @@ class ZeroStage3Optimizer(LossScaledStep):
         if strict and (missing or unexpected):
             raise ZeroConfigError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
 
+    def empty_partition_cache(self) -> None:
+        """DeepSpeed's ``empty_partition_cache``: free the gathered copies of every parameter not in use
+        (persistent ones stay whole), e.g. before generation or evaluation on another model."""
+        self.schedule.release_all()
+
     def remove_hooks(self) -> None:
         """Take the gather and gradient hooks off the module."""
         self.hooks.remove()

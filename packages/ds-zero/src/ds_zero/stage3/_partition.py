@@ -25,6 +25,7 @@ from torch import nn
 from .._comm import ProcessGroup, broadcast_async, group_rank, group_size
 from .._layout import GroupLayout
 from ._construct import forget_construction, full_value, source_shape
+from ._status import ZeroParamStatus, mark, set_status
 
 __all__ = ["ParamSlot", "PartitionedParams"]
 
@@ -120,6 +121,7 @@ class PartitionedParams:
             else:
                 p.data = torch.empty(0, dtype=dtype, device=device)
             forget_construction(p)
+            mark(p, shape, part[max(lo - ps, 0) : max(hi - ps, 0)], whole=slot.persistent)
             del full
         self.layouts.append(layout)
         self.parts.append(part)
@@ -155,6 +157,7 @@ class PartitionedParams:
             works += self._launch_gather(s, self.parts[s.group], home.view(-1))
             s.param.data = home
             s.gathered = True
+            set_status(s.param, ZeroParamStatus.INFLIGHT if not wait else ZeroParamStatus.AVAILABLE)
             if not s.persistent:
                 self.live_numel += s.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
@@ -171,6 +174,8 @@ class PartitionedParams:
         for s in slots:
             for w in self._pending.pop(id(s), ()):
                 w.wait()
+            if s.gathered:
+                set_status(s.param, ZeroParamStatus.AVAILABLE)
 
     def gather_values(
         self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], dtype: torch.dtype
@@ -219,6 +224,7 @@ class PartitionedParams:
                 if s.home is not None:  # frees it for the views autograd saved of it too
                     s.home.untyped_storage().resize_(0)
                 s.gathered = False
+                set_status(s.param, ZeroParamStatus.NOT_AVAILABLE)
                 self.live_numel -= s.numel
 
     def refresh_whole(self) -> None:

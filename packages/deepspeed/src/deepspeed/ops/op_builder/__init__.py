@@ -1,5 +1,8 @@
-"""DeepSpeed's ``deepspeed.ops.op_builder`` (issue 29 fills it in)."""
+"""DeepSpeed's ``deepspeed.ops.op_builder``: forwards to ds_engine.ops.op_builder (``CPUAdamBuilder()`` and the
+rest, whose ``is_compatible()`` says whether ds provides the op's feature)."""
 
-from deepspeed._forward import submodules  # noqa: E402
+from ds_engine.ops import op_builder as _impl
 
-__getattr__ = submodules(__name__)
+from deepspeed._forward import forward
+
+__all__, __getattr__, __dir__ = forward(__name__, _impl)

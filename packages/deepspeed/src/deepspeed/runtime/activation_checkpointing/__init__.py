@@ -1,5 +1,7 @@
-"""DeepSpeed's ``deepspeed.runtime.activation_checkpointing`` (issue 29 fills it in)."""
+"""DeepSpeed's ``deepspeed.runtime.activation_checkpointing``: its ``checkpointing`` module (``checkpoint``,
+``configure``, ``is_configured``, ...) is ds-checkpoint's activation checkpointing, through ds_engine."""
 
-from deepspeed._forward import submodules  # noqa: E402
+from deepspeed._forward import submodules
 
+__all__ = ["checkpointing"]
 __getattr__ = submodules(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 from ds_engine.accelerator import get_accelerator
-from ds_engine.zero import GatheredParameters, Init, register_external_parameter
+from ds_engine.zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter
 
 # torch's constructors as they were before any zero.Init (DeepSpeed keeps these names)
 _orig_torch_tensor = torch.tensor
@@ -29,6 +29,7 @@ _orig_torch_full = torch.full
 _orig_torch_arange = torch.arange
 _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
+
 
 
 def zero_wrapper_for_fp_tensor_constructor(
@@ -50,6 +51,7 @@ def zero_wrapper_for_fp_tensor_constructor(
 __all__ = [
     "GatheredParameters",
     "Init",
+    "ZeroParamStatus",
     "register_external_parameter",
     "zero_wrapper_for_fp_tensor_constructor",
 ]
