@@ -93,7 +93,13 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         self._boundary_override = is_boundary
 
     def get_global_grad_norm(self) -> float | None:
-        """The unscaled global gradient norm of the last applied step (None before the first)."""
+        """The unscaled global gradient norm of the last applied step (None before the first).
+
+        None at fp32 ZeRO stage 0, as in DeepSpeed: there its optimizer is the bare torch optimizer, which
+        keeps no norm (the Trainer then logs no ``grad_norm``; clipping still happens).
+        """
+        if self.config.precision == "fp32" and self.config.zero_optimization.stage == 0:
+            return None
         return getattr(self.optimizer, "global_grad_norm", None)
 
     def was_step_applied(self) -> bool:
