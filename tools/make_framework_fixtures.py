@@ -32,6 +32,9 @@ CASES: list[tuple[str, str, str, list[str], int]] = [
     ("trainer", "zero0", "trainer_script.py", ["--stage", "0"], 2),
     ("trainer", "zero2", "trainer_script.py", ["--stage", "2"], 2),
     ("trainer", "zero3", "trainer_script.py", ["--stage", "3", "--save"], 2),
+    ("accelerate", "zero0", "accelerate_script.py", ["--stage", "0"], 2),
+    ("accelerate", "zero2", "accelerate_script.py", ["--stage", "2"], 2),
+    ("accelerate", "zero3", "accelerate_script.py", ["--stage", "3"], 2),
 ]
 
 

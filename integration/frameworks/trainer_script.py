@@ -67,7 +67,10 @@ def main() -> None:
         dataloader_num_workers=0,
     )
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+    # no dropout: a run resumed at another world size draws no per-rank random masks
+    no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
+    config = GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=2, n_head=2, **no_dropout)
+    model = GPT2LMHeadModel(config)
     trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(), callbacks=[PrintLoss()])
     trainer.train(resume_from_checkpoint=args.resume)
     if args.save:
