@@ -54,7 +54,7 @@ def test_losses_match_deepspeed(case, tmp_path):
     records = _run(*recorded["args"], "--out", str(tmp_path), nproc=recorded["ranks"])
     assert_close(losses(records), recorded["losses"], f"Trainer {case}")
     # DeepSpeed's fp32 stage-0 engine reports no gradient norm; the Trainer logs one only where it does
-    assert all(("grad_norm" in r) == (case != "zero0") for r in records if "loss" in r and "step" in r)
+    assert all((r["grad_norm"] is not None) == (case != "zero0") for r in records if "step" in r)
 
 
 def test_zero3_losses_match_deepspeed(zero3_run):

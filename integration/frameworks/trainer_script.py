@@ -32,7 +32,8 @@ class Tokens(torch.utils.data.Dataset):
 class PrintLoss(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: ANN001, ANN201
         if state.is_world_process_zero and logs and "loss" in logs:
-            print(json.dumps({"step": state.global_step, "loss": logs["loss"]}), flush=True)
+            record = {"step": state.global_step, "loss": logs["loss"], "grad_norm": logs.get("grad_norm")}
+            print(json.dumps(record), flush=True)
 
 
 def main() -> None:
