@@ -276,7 +276,7 @@ class Trainer:
 
     def describe(self) -> None:
         a, n_params = self.args, sum(p.numel() for p in self.model.parameters())
-        mc, sa = self.model.config, self.engine.config.sparse_attention
+        mc, sa = self.model.config, self.engine.ds_config.sparse_attention
         self.log(
             f"corpus: {len(self.corpus.train):,} train / {len(self.corpus.val):,} validation bytes from "
             f"{self.corpus.num_files} files in {self.corpus.root}"
@@ -289,7 +289,7 @@ class Trainer:
         self.log(
             f"batch: {self.micro_batch} sequences x {self.gas} accumulation x {self.world_size} ranks = "
             f"{self.engine.train_batch_size()} sequences = {self.tokens_per_step:,} tokens per step; "
-            f"dtype {self.engine.parts.dtype}; ZeRO stage {self.engine.config.zero_optimization.stage}"
+            f"dtype {self.engine.parts.dtype}; ZeRO stage {self.engine.ds_config.zero_optimization.stage}"
         )
         if self.config_notes:
             self.log(f"config {a.config} with: " + "; ".join(self.config_notes))

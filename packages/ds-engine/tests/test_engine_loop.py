@@ -87,10 +87,19 @@ def test_dump_state_prints_engine_and_config(capsys):
 
 
 def test_gradient_clipping_reports_global_norm():
-    engine, *_ = ds_engine.initialize(model=net(), config=cfg(gradient_clipping=1e-3))
+    engine, *_ = ds_engine.initialize(
+        model=net(), config=cfg(gradient_clipping=1e-3, zero_optimization={"stage": 1})
+    )
     train(engine, 4)
     norm = engine.get_global_grad_norm()
     assert norm is not None and norm > 1e-3
+
+
+def test_fp32_stage0_reports_no_norm_as_deepspeed():
+    """DeepSpeed's fp32 stage-0 optimizer is the bare torch one, which keeps no norm: the Trainer logs none."""
+    engine, *_ = ds_engine.initialize(model=net(), config=cfg(gradient_clipping=1e-3))
+    train(engine, 4)
+    assert engine.get_global_grad_norm() is None
 
 
 def test_checkpoint_roundtrip_continues_identically(tmp_path):

@@ -47,15 +47,22 @@ dist = comm
 
 _announced = False
 
+# Top-level config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference
+# and 0.14): 0.19 clips gradients to norm 1.0 unless the config says otherwise. Without this, a config
+# that leaves gradient_clipping out (the Trainer's and Accelerate's usual ones) trains differently.
+DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0}
+
 
 def initialize(*args: Any, **kwargs: Any) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """DeepSpeed's ``deepspeed.initialize``: ds_engine's ``initialize``, then one log line saying ds runs.
 
     Every argument (``args``, ``model``, ``optimizer``, ``model_parameters``, ``training_data``,
     ``lr_scheduler``, ``mpu``, ``dist_init_required``, ``collate_fn``, ``config``, ``config_params``)
-    is passed through unchanged; see :func:`ds_engine.initialize`.
+    is passed through unchanged; see :func:`ds_engine.initialize`. Keys the config leaves out take
+    DeepSpeed 0.19.8's defaults (:data:`DEEPSPEED_DEFAULTS`).
     """
     global _announced
+    kwargs.setdefault("defaults", DEEPSPEED_DEFAULTS)
     result = _ds_initialize(*args, **kwargs)
     if not _announced and comm.get_rank() == 0:
         logging.getLogger("ds_engine").info("deepspeed is %s", IMPLEMENTATION)
@@ -68,6 +75,7 @@ init_distributed = _ds_init_distributed
 
 __all__ = [
     "DEEPSPEED_API_VERSION",
+    "DEEPSPEED_DEFAULTS",
     "IMPLEMENTATION",
     "DeepSpeedEngine",
     "FeatureNotAvailableError",

@@ -47,9 +47,11 @@ from ._models import (
     VariableSparseAttentionConfig,
     ZeroConfig,
 )
+from ._source import read_source
 
 __version__ = "0.1.0"
 __all__ = [
+    "read_source",
     "CONFIG_FIELDS",
     "AutotuningConfig",
     "CSVMonitorConfig",

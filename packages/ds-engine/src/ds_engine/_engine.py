@@ -43,7 +43,8 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         super().__init__()
         self.module = parts.model
         self.parts = parts
-        self.config = config
+        self.ds_config = config  # the typed config everything here reads
+        self._config_dict: dict[str, Any] | None = None
         self.topology = topology
         self.optimizer = parts.optimizer
         self.basic_optimizer = parts.basic_optimizer
@@ -63,13 +64,13 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
 
     # ------------------------------------------------------------------ sizes and counters
     def train_batch_size(self) -> int:
-        return self.config.train_batch_size
+        return self.ds_config.train_batch_size
 
     def train_micro_batch_size_per_gpu(self) -> int:
-        return self.config.train_micro_batch_size_per_gpu
+        return self.ds_config.train_micro_batch_size_per_gpu
 
     def gradient_accumulation_steps(self) -> int:
-        return self.config.gradient_accumulation_steps
+        return self.ds_config.gradient_accumulation_steps
 
     def set_train_batch_size(self, train_batch_size: int) -> None:
         """Change the global batch by changing gradient accumulation (the micro batch stays), as DeepSpeed."""
@@ -79,8 +80,8 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
                 f"Train batch size must be divisible by micro-batch data parallelism: {train_batch_size} is "
                 f"not a multiple of micro batch {self.train_micro_batch_size_per_gpu()} x {self.world_size} ranks"
             )
-        self.config.gradient_accumulation_steps = train_batch_size // per_step
-        self.config.train_batch_size = train_batch_size
+        self.ds_config.gradient_accumulation_steps = train_batch_size // per_step
+        self.ds_config.train_batch_size = train_batch_size
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the coming ``step()`` ends an accumulation window (or what the script set)."""
@@ -92,8 +93,23 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         """Let the script decide where windows end (DeepSpeed's hook for variable accumulation)."""
         self._boundary_override = is_boundary
 
+    @property
+    def config(self) -> dict[str, Any]:
+        """The config as a dict, as DeepSpeed's ``engine.config`` (the Trainer reads
+        ``engine.config.get("zero_optimization")``): every key, with ds's resolved values. Read-only use;
+        ``ds_config`` is the typed config."""
+        if self._config_dict is None:
+            self._config_dict = self.ds_config.model_dump(mode="json", by_alias=True)
+        return self._config_dict
+
     def get_global_grad_norm(self) -> float | None:
-        """The unscaled global gradient norm of the last applied step (None before the first)."""
+        """The unscaled global gradient norm of the last applied step (None before the first).
+
+        None at fp32 ZeRO stage 0, as in DeepSpeed: there its optimizer is the bare torch optimizer, which
+        keeps no norm (the Trainer then logs no ``grad_norm``; clipping still happens).
+        """
+        if self.ds_config.precision == "fp32" and self.ds_config.zero_optimization.stage == 0:
+            return None
         return getattr(self.optimizer, "global_grad_norm", None)
 
     def was_step_applied(self) -> bool:
@@ -130,7 +146,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             if hasattr(self.optimizer, "set_boundary"):  # ZeRO stage 1 with overlap_comm reduces in backward
                 self.optimizer.set_boundary(boundary)
             with self.timers.time(BACKWARD_INNER):
-                if self.config.amp.enabled:
+                if self.ds_config.amp.enabled:
                     ds_precision.amp_backward(scaled, self.optimizer)
                 else:
                     self.optimizer.backward(scaled, retain_graph=retain_graph)
@@ -213,7 +229,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         self.monitor.write_events(events)
 
     def _report(self) -> None:
-        if self.topology.rank != 0 or self.global_steps % self.config.steps_per_print != 0:
+        if self.topology.rank != 0 or self.global_steps % self.ds_config.steps_per_print != 0:
             return
         lr, mom = self.get_lr(), self.get_mom()
         logger.info("step=%d, skipped=%d, lr=%s, mom=%s", self.global_steps, self.skipped_steps, lr, mom)
@@ -227,7 +243,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             if not name.startswith("_"):
                 print(f"  {name} {'.' * (29 - len(name))} {getattr(self, name)!r:.200}")
         print("DeepSpeedEngine configuration:")
-        print(self.config.model_dump_json(indent=2, exclude_defaults=True))
+        print(self.ds_config.model_dump_json(indent=2, exclude_defaults=True))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(
@@ -249,9 +265,9 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=self._counters(),
             client_state=client_state or {},
-            config=self.config.model_dump(mode="json"),
+            config=self.ds_config.model_dump(mode="json"),
             save_latest=save_latest,
-            tag_validation=self.config.checkpoint.tag_validation,
+            tag_validation=self.ds_config.checkpoint.tag_validation,
             group=self.parts.dp_group,
         )
         return True
@@ -281,7 +297,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
                     self.optimizer.load_sharded_state_dict(
                         *state.optimizer_shard(ranges, mine["rank"], mine["world_size"])
                     )
-                    zero = self.config.zero_optimization
+                    zero = self.ds_config.zero_optimization
                     if zero.stage > 0 and not zero.load_from_fp32_weights:
                         # DeepSpeed's load_from_fp32_weights=false (a ZeRO key): keep the loaded optimizer
                         # state (moments, step) but rebuild the fp32 master from the weights just loaded
@@ -301,6 +317,18 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         """The full weights; stage 3 gathers them from the partitions (collective)."""
         gathered = getattr(self.optimizer, "module_state_dict", None)
         return gathered() if gathered is not None else self.module.state_dict()
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
+        """DeepSpeed's ZeRO-3 full state dict (what Accelerate's ``get_state_dict`` and the Trainer's
+        ``save_model`` call): a collective on every rank; rank 0 gets the weights in their training dtype,
+        the other ranks an empty dict."""
+        if self.zero_optimization_stage() != 3:
+            raise ValueError("_zero3_consolidated_16bit_state_dict requires ZeRO stage 3")
+        state = self._module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return {k: v.detach().cpu().clone() for k, v in state.items()} if self.global_rank == 0 else {}
 
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict:
         return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
@@ -362,7 +390,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             rank=self.dp_rank,
             world_size=self.world_size,
             collate_fn=collate_fn,
-            drop_last=self.config.dataloader_drop_last,
+            drop_last=self.ds_config.dataloader_drop_last,
         )
 
     def destroy(self) -> None:

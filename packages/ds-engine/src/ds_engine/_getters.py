@@ -23,22 +23,22 @@ class ConfigGetters:
 
     # ------------------------------------------------------------------ precision
     def fp16_enabled(self) -> bool:
-        return self.config.fp16.enabled
+        return self.ds_config.fp16.enabled
 
     def bfloat16_enabled(self) -> bool:
-        return self.config.bf16.enabled
+        return self.ds_config.bf16.enabled
 
     def amp_enabled(self) -> bool:
-        return self.config.amp.enabled
+        return self.ds_config.amp.enabled
 
     def dynamic_loss_scale(self) -> bool:
-        return self.config.fp16.enabled and self.config.fp16.dynamic_loss_scale
+        return self.ds_config.fp16.enabled and self.ds_config.fp16.dynamic_loss_scale
 
     def get_data_types(self) -> tuple[torch.dtype, torch.dtype | None]:
         """(model dtype, gradient-accumulation dtype) as DeepSpeed reports them."""
         accum = (
             torch.float32
-            if self.config.bf16.enabled and self.config.bf16.grad_accum_dtype == "fp32"
+            if self.ds_config.bf16.enabled and self.ds_config.bf16.grad_accum_dtype == "fp32"
             else None
         )
         return self.parts.dtype, accum or self.parts.dtype
@@ -48,7 +48,7 @@ class ConfigGetters:
         return self.zero_optimization_stage() > 0
 
     def zero_optimization_stage(self) -> int:
-        return self.config.zero_optimization.stage
+        return self.ds_config.zero_optimization.stage
 
     def zero_optimization_partition_gradients(self) -> bool:
         return self.zero_optimization_stage() >= 2
@@ -56,57 +56,60 @@ class ConfigGetters:
     def zero_optimization_partition_weights(self) -> bool:
         return self.zero_optimization_stage() >= 3
 
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        return self.ds_config.zero_optimization.stage3_gather_16bit_weights_on_model_save
+
     def zero_cpu_offload(self) -> bool:
-        return self.config.zero_optimization.offload_device == "cpu"
+        return self.ds_config.zero_optimization.offload_device == "cpu"
 
     zero_offload_optimizer = zero_cpu_offload
 
     def zero_allow_untested_optimizer(self) -> bool:
-        return self.config.zero_allow_untested_optimizer
+        return self.ds_config.zero_allow_untested_optimizer
 
     def zero_reduce_bucket_size(self) -> int:
-        return self.config.zero_optimization.reduce_bucket_size
+        return self.ds_config.zero_optimization.reduce_bucket_size
 
     def zero_allgather_bucket_size(self) -> int:
-        return self.config.zero_optimization.allgather_bucket_size
+        return self.ds_config.zero_optimization.allgather_bucket_size
 
     def zero_overlap_comm(self) -> bool:
-        return self.config.zero_optimization.overlap_comm
+        return self.ds_config.zero_optimization.overlap_comm
 
     def zero_contiguous_gradients(self) -> bool:
-        return self.config.zero_optimization.contiguous_gradients
+        return self.ds_config.zero_optimization.contiguous_gradients
 
     def zero_reduce_scatter(self) -> bool:
-        return self.config.zero_optimization.reduce_scatter
+        return self.ds_config.zero_optimization.reduce_scatter
 
     # ------------------------------------------------------------------ gradients
     def gradient_clipping(self) -> float:
-        return self.config.gradient_clipping
+        return self.ds_config.gradient_clipping
 
     def postscale_gradients(self) -> bool:
-        return not self.config.prescale_gradients
+        return not self.ds_config.prescale_gradients
 
     def gradient_predivide_factor(self) -> float:
-        return self.config.gradient_predivide_factor
+        return self.ds_config.gradient_predivide_factor
 
     def sparse_gradients_enabled(self) -> bool:
-        return self.config.sparse_gradients
+        return self.ds_config.sparse_gradients
 
     # ------------------------------------------------------------------ optimizer and schedule
     def optimizer_name(self) -> str | None:
         """The config optimizer's type, or the client optimizer's class name."""
-        if self.config.optimizer is not None and not self.parts.client_optimizer:
-            return self.config.optimizer.type
+        if self.ds_config.optimizer is not None and not self.parts.client_optimizer:
+            return self.ds_config.optimizer.type
         return type(self.parts.basic_optimizer).__name__
 
     def optimizer_params(self) -> dict[str, Any] | None:
-        return self.config.optimizer.params if self.config.optimizer is not None else None
+        return self.ds_config.optimizer.params if self.ds_config.optimizer is not None else None
 
     def scheduler_name(self) -> str | None:
-        return self.config.scheduler.type if self.config.scheduler is not None else None
+        return self.ds_config.scheduler.type if self.ds_config.scheduler is not None else None
 
     def scheduler_params(self) -> dict[str, Any] | None:
-        return self.config.scheduler.params if self.config.scheduler is not None else None
+        return self.ds_config.scheduler.params if self.ds_config.scheduler is not None else None
 
     def get_lr(self) -> list[float]:
         return [group["lr"] for group in self.optimizer.param_groups]
@@ -120,16 +123,16 @@ class ConfigGetters:
 
     # ------------------------------------------------------------------ logging and checkpoints
     def steps_per_print(self) -> int:
-        return self.config.steps_per_print
+        return self.ds_config.steps_per_print
 
     def wall_clock_breakdown(self) -> bool:
-        return self.config.wall_clock_breakdown
+        return self.ds_config.wall_clock_breakdown
 
     def checkpoint_tag_validation_enabled(self) -> bool:
-        return self.config.checkpoint.tag_validation != "Ignore"
+        return self.ds_config.checkpoint.tag_validation != "Ignore"
 
     def checkpoint_tag_validation_fail(self) -> bool:
-        return self.config.checkpoint.tag_validation == "Fail"
+        return self.ds_config.checkpoint.tag_validation == "Fail"
 
     def elasticity_enabled(self) -> bool:
         return False  # elasticity is rejected by ds_config when enabled

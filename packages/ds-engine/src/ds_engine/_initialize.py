@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import ds_launch
 import torch.distributed as dist
-from ds_config import ConfigError, DSConfig, load_config
+from ds_config import ConfigError, DSConfig, load_config, read_source
 from torch import nn
 
 from ds_engine._args import InitializeError, check_local_rank, resolve_config_source
@@ -48,6 +49,7 @@ def initialize(
     config_params: Any = None,
     distributed_port: int = 29500,
     config_strict: bool | None = None,
+    defaults: Mapping[str, Any] | None = None,
 ) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """Build the engine; returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` like DeepSpeed.
 
@@ -59,11 +61,17 @@ def initialize(
     leniently: unknown keys warn and are ignored. Enabled features ds lacks are errors either way.
     With fp32 at ZeRO stage 0 the optimizer returned is the torch optimizer itself (the one the script
     passed, if it passed one), as in DeepSpeed; otherwise it is the engine's wrapper.
+
+    ``defaults`` fills top-level keys the config leaves out (the ``deepspeed`` package passes those
+    where the DeepSpeed release it maps differs from ds's own defaults).
     """
     ds_launch.install_excepthook()  # an uncaught ConfigError: its message once, no traceback
     if model is None:
         raise InitializeError("ds_engine.initialize requires a model: initialize(model=my_module, ...)")
     source = resolve_config_source(args, config, config_params)
+    if defaults:
+        raw, _ = read_source(source)
+        source = {**defaults, **raw}
     _setup_logging()
     if dist_init_required is False and not dist.is_initialized():
         raise InitializeError(

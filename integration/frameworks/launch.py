@@ -1,0 +1,70 @@
+"""Run a framework script under torchrun and collect the JSON lines rank 0 prints.
+
+Shared by the tests here and by ``tools/make_framework_fixtures.py`` (which runs the same scripts under
+the real DeepSpeed), so both sides launch identically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_script(
+    python: str,
+    script: str,
+    *args: str,
+    nproc: int = 2,
+    env: dict[str, str] | None = None,
+    timeout_s: float = 600,
+) -> list[dict]:
+    """``python -m torch.distributed.run --nproc_per_node nproc HERE/script args``; rank 0's JSON records."""
+    cmd = [
+        python, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+        "--master_port", str(free_port()), str(HERE / script), *args,
+    ]  # fmt: skip
+    full_env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        **(env or {}),
+    }
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
+            f"\n--- stderr\n{proc.stderr[-6000:]}"
+        )
+    records = []
+    for line in proc.stdout.splitlines():
+        start = line.find("{\"")
+        if start < 0:
+            continue
+        try:
+            records.append(json.loads(line[start:]))
+        except json.JSONDecodeError:
+            continue
+    return records
+
+
+def losses(records: list[dict]) -> list[float]:
+    return [r["loss"] for r in records if "step" in r and "loss" in r]
+
+
+def weights(records: list[dict]) -> dict[str, float] | None:
+    found = [r["weights"] for r in records if "weights" in r]
+    return found[-1] if found else None

@@ -1,0 +1,87 @@
+"""Record DeepSpeed 0.19.8's step losses (and saved weights) under each framework, for integration/frameworks.
+
+Command (from the repository root; the real DeepSpeed, no ds on the path):
+  env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/make_framework_fixtures.py [framework ...]
+
+Runs every case of CASES below with the real ``deepspeed==0.19.8`` (the environment's python, with the
+framework releases pinned in noxfile.py's FRAMEWORKS) and writes
+``integration/frameworks/fixtures/<framework>.json``: per case, the step losses, and the per-tensor sums
+of the weights the script saves (for the cases that pass ``--save``).
+To add a framework or a case, add rows to CASES: the tests read the fixture by the same case names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "integration" / "frameworks"))
+
+from launch import losses, run_script, weights  # noqa: E402
+
+COMMAND = "env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/make_framework_fixtures.py"
+
+# (framework, case name, script under integration/frameworks, its arguments, ranks).
+# The script gets --out DIR appended. One row per case; the tests look cases up by (framework, name).
+CASES: list[tuple[str, str, str, list[str], int]] = [
+    ("trainer", "zero0", "trainer_script.py", ["--stage", "0"], 2),
+    ("trainer", "zero2", "trainer_script.py", ["--stage", "2"], 2),
+    ("trainer", "zero3", "trainer_script.py", ["--stage", "3", "--save"], 2),
+    ("accelerate", "zero0", "accelerate_script.py", ["--stage", "0"], 2),
+    ("accelerate", "zero2", "accelerate_script.py", ["--stage", "2"], 2),
+    ("accelerate", "zero3", "accelerate_script.py", ["--stage", "3"], 2),
+]
+
+
+def record(framework: str, out_root: Path) -> dict:
+    cases = {}
+    for fw, name, script, args, nproc in CASES:
+        if fw != framework:
+            continue
+        out = out_root / f"{fw}-{name}"
+        records = run_script(sys.executable, script, *args, "--out", str(out), nproc=nproc)
+        case = {"script": script, "args": args, "ranks": nproc, "losses": losses(records)}
+        saved = weights(records)
+        if saved is not None:
+            case["weights"] = saved
+        cases[name] = case
+        print(f"{fw} {name}: {case['losses']}", flush=True)
+    return {
+        "deepspeed_version": version("deepspeed"),
+        "frameworks": {p: version(p) for p in ("transformers", "accelerate", "lightning", "torch")},
+        "command": COMMAND,
+        "cases": cases,
+    }
+
+
+def main() -> None:
+    import tempfile
+
+    frameworks = sorted({c[0] for c in CASES})
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("framework", nargs="*", help=f"any of {frameworks} (default: all)")
+    args = p.parse_args()
+    unknown = sorted(set(args.framework) - set(frameworks))
+    if unknown:
+        sys.exit(f"no cases for {unknown}; CASES has {frameworks}")
+    if os.environ.get("DS_ACCELERATOR") != "cpu":
+        sys.exit("run with DS_ACCELERATOR=cpu (see the command at the top of this file)")
+    import deepspeed
+
+    if hasattr(deepspeed, "__ds__"):
+        sys.exit("this is ds's deepspeed package; run with the real DeepSpeed 0.19.8 and no ds on PYTHONPATH")
+    with tempfile.TemporaryDirectory() as tmp:
+        for framework in args.framework or frameworks:
+            data = record(framework, Path(tmp))
+            path = ROOT / "integration" / "frameworks" / "fixtures" / f"{framework}.json"
+            path.write_text(json.dumps(data, indent=1) + "\n")
+            print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
