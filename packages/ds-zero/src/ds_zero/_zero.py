@@ -279,6 +279,13 @@ class ZeroOptimizer(LossScaledStep):
         """The inner optimizer's param groups (for LR schedulers); each holds one fp32 partition."""
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> dict:
+        """The inner optimizer's per-parameter state, as a torch optimizer exposes it: keyed by the parameters
+        in ``param_groups`` (this rank's fp32 partition of each group), each value that partition's state
+        (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``). DeepSpeed's ZeRO optimizers expose the same."""
+        return self.optimizer.state
+
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """This rank's optimizer state in the "ds-flat-shard/1" format (padding stripped)."""
         return sharded_state(self)

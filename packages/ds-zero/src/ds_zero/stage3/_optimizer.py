@@ -216,6 +216,13 @@ class ZeroStage3Optimizer(LossScaledStep):
         """The inner optimizer's param groups (for LR schedulers); each holds its fp32 partition's sub-groups."""
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> dict:
+        """The inner optimizer's per-parameter state, as a torch optimizer exposes it: keyed by the parameters
+        in ``param_groups`` (the sub-group views of this rank's fp32 partition), each value that view's state
+        (Adam's ``exp_avg``, ``exp_avg_sq``, ``step``). DeepSpeed's ZeRO-3 optimizer exposes the same."""
+        return self.optimizer.state
+
     # ------------------------------------------------------------------ state
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """This rank's optimizer state in the ``ds-flat-shard/1`` format of stages 1 and 2."""
