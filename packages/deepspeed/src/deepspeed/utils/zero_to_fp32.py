@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 from ds_checkpoint import fp32_state_dict, load_state
-from ds_engine._missing import FeatureNotAvailableError, missing_function
+from ds_engine._missing import FeatureNotAvailableError
 
 __all__ = [
     "convert_zero_checkpoint_to_fp32_state_dict",
