@@ -27,9 +27,21 @@ FRAMEWORKS = ROOT / "integration" / "frameworks"
 # case name -> (framework, script in integration/frameworks, its arguments). The output file is
 # fixtures/<framework>.json. Lightning launches its own ranks (its subprocess launcher re-runs the script).
 CASES: dict[str, tuple[str, str, list[str]]] = {
-    "lightning_zero0": ("lightning", "lightning_script.py", ["--stage", "0", "--devices", "2", "--steps", "6"]),
-    "lightning_zero2": ("lightning", "lightning_script.py", ["--stage", "2", "--devices", "2", "--steps", "6"]),
-    "lightning_zero3": ("lightning", "lightning_script.py", ["--stage", "3", "--devices", "2", "--steps", "6"]),
+    "lightning_zero0": (
+        "lightning",
+        "lightning_script.py",
+        ["--stage", "0", "--devices", "2", "--steps", "6"],
+    ),
+    "lightning_zero2": (
+        "lightning",
+        "lightning_script.py",
+        ["--stage", "2", "--devices", "2", "--steps", "6"],
+    ),
+    "lightning_zero3": (
+        "lightning",
+        "lightning_script.py",
+        ["--stage", "3", "--devices", "2", "--steps", "6"],
+    ),
     "lightning_zero2_bf16": (
         "lightning",
         "lightning_script.py",
@@ -61,7 +73,9 @@ def main() -> None:
     import deepspeed
 
     if getattr(deepspeed, "__ds__", None):
-        raise SystemExit("this imported ds's deepspeed package: run it with the real DeepSpeed and no ds on the path")
+        raise SystemExit(
+            "this imported ds's deepspeed package: run it with the real DeepSpeed and no ds on the path"
+        )
     by_framework: dict[str, dict] = {}
     for name, (framework, script, args) in CASES.items():
         if opts.only and framework != opts.only:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import lightning.pytorch as pl
 import torch
@@ -45,11 +46,14 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self, lr: float = 1e-2) -> None:
+    def __init__(self, lr: float = 1e-2, width: int = 32) -> None:
         super().__init__()
         self.lr = lr
-        self.net = nn.Sequential(nn.Linear(FEATURES, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+        self.net = nn.Sequential(
+            nn.Linear(FEATURES, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1)
+        )
         self.step_losses: list[tuple[int, float]] = []
+        self.step_seconds: list[float] = []  # wall time of each training batch (forward, backward, step)
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
@@ -60,6 +64,12 @@ class Regressor(pl.LightningModule):
             mean /= torch.distributed.get_world_size()
         self.step_losses.append((self.trainer.global_step, mean.item()))
         return loss
+
+    def on_train_batch_start(self, batch: object, batch_idx: int) -> None:
+        self._t0 = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: object, batch: object, batch_idx: int) -> None:
+        self.step_seconds.append(time.perf_counter() - self._t0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -82,27 +92,37 @@ def main() -> None:
     p.add_argument("--devices", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"])
-    p.add_argument("--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)")
+    p.add_argument(
+        "--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)"
+    )
     p.add_argument("--save-dir", default=None, help="ModelCheckpoint directory (saves every --every steps)")
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--resume", default=None, help="a Lightning DeepSpeed checkpoint directory to resume from")
     p.add_argument("--final-ckpt", default=None, help="trainer.save_checkpoint(PATH) after fit")
+    p.add_argument("--width", type=int, default=32, help="hidden width (the benchmark uses a larger one)")
+    p.add_argument("--ddp", action="store_true", help="Lightning's DDP strategy instead (benchmark baseline)")
     p.add_argument("--out", default=None, help="also write rank 0's losses to this JSON file")
     args = p.parse_args()
 
     pl.seed_everything(0, workers=True)
     if args.devices > 1 and GLOBAL_BATCH % args.devices:
         raise SystemExit(f"--devices must divide the global batch {GLOBAL_BATCH}")
-    strategy = CPUDeepSpeedStrategy(
-        stage=args.stage,
-        offload_optimizer=args.offload,
-        offload_parameters=args.offload and args.stage == 3,
-        logging_batch_size_per_gpu=GLOBAL_BATCH // args.devices,
+    strategy = (
+        "ddp"
+        if args.ddp
+        else CPUDeepSpeedStrategy(
+            stage=args.stage,
+            offload_optimizer=args.offload,
+            offload_parameters=args.offload and args.stage == 3,
+            logging_batch_size_per_gpu=GLOBAL_BATCH // args.devices,
+        )
     )
     callbacks = []
     if args.save_dir:
         callbacks.append(
-            ModelCheckpoint(dirpath=args.save_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=False)
+            ModelCheckpoint(
+                dirpath=args.save_dir, every_n_train_steps=args.every, save_top_k=-1, save_last=False
+            )
         )
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -116,7 +136,7 @@ def main() -> None:
         enable_model_summary=False,
         logger=False,
     )
-    model = Regressor()
+    model = Regressor(width=args.width)
     loader = DataLoader(dataset(), batch_size=GLOBAL_BATCH // args.devices, shuffle=False)
     trainer.fit(model, loader, ckpt_path=args.resume)
     if args.final_ckpt:
@@ -124,6 +144,7 @@ def main() -> None:
     if trainer.global_rank == 0:
         steps, losses = zip(*model.step_losses) if model.step_losses else ((), ())
         result = {"steps": list(steps), "losses": list(losses), "world_size": trainer.world_size}
+        result["step_seconds"] = model.step_seconds
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(result, f)

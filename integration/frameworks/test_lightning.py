@@ -40,7 +40,9 @@ def launch(args: list[str], cwd: Path) -> dict:
 def assert_close(got: list[float], want: list[float], what: str) -> None:
     assert len(got) == len(want), f"{what}: {len(got)} steps, expected {len(want)}"
     for i, (g, w) in enumerate(zip(got, want)):
-        assert abs(g - w) <= RTOL * abs(w), f"{what}: step {i} loss {g!r} != {w!r} (rtol {RTOL})\n{got}\n{want}"
+        assert abs(g - w) <= RTOL * abs(w), (
+            f"{what}: step {i} loss {g!r} != {w!r} (rtol {RTOL})\n{got}\n{want}"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def zero3_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return result, d
 
 
-@pytest.mark.parametrize("case", ["lightning_zero0", "lightning_zero2"])
+@pytest.mark.parametrize("case", ["lightning_zero0", "lightning_zero2", "lightning_zero2_bf16"])
 def test_losses_equal_deepspeeds(case: str, tmp_path: Path) -> None:
     result = launch(FIXTURE[case]["args"], tmp_path)
     assert result["world_size"] == 2
@@ -75,7 +77,9 @@ def test_resume_continues_identically(devices: int, zero3_run: tuple[dict, Path]
     resumed = launch(args, d)
     assert resumed["world_size"] == devices
     assert resumed["steps"] == full["steps"][CKPT_STEP:]
-    assert_close(resumed["losses"], full["losses"][CKPT_STEP:], f"resumed at {devices} ranks vs uninterrupted")
+    assert_close(
+        resumed["losses"], full["losses"][CKPT_STEP:], f"resumed at {devices} ranks vs uninterrupted"
+    )
 
 
 def test_checkpoint_files_hold_no_pickle(zero3_run: tuple[dict, Path]) -> None:
@@ -95,7 +99,9 @@ def test_checkpoint_files_hold_no_pickle(zero3_run: tuple[dict, Path]) -> None:
             p.read_text()
 
 
-def test_convert_zero_checkpoint_gives_the_trained_weights(zero3_run: tuple[dict, Path], tmp_path: Path) -> None:
+def test_convert_zero_checkpoint_gives_the_trained_weights(
+    zero3_run: tuple[dict, Path], tmp_path: Path
+) -> None:
     """Lightning's converter on the 2-rank ZeRO-3 checkpoint after CKPT_STEP steps: those weights give, on the
     batch of step CKPT_STEP, the loss the run logged there; the file loads with ``weights_only=True``."""
     import importlib.util
