@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
@@ -26,16 +27,40 @@ from launch import losses, run_script, weights  # noqa: E402
 
 COMMAND = "env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/make_framework_fixtures.py"
 
-# (framework, case name, script under integration/frameworks, its arguments, ranks).
-# The script gets --out DIR appended. One row per case; the tests look cases up by (framework, name).
-CASES: list[tuple[str, str, str, list[str], int]] = [
+# (framework, case name, script under integration/frameworks, its arguments, ranks). With ranks, the script
+# runs under torchrun and gets --out DIR appended; with None it starts its own ranks (Lightning's launcher
+# re-runs it) and prints one JSON line {"losses": [...], ...} last. The tests look cases up by (framework, name).
+L_ARGS = ["--devices", "2", "--steps", "6"]
+CASES: list[tuple[str, str, str, list[str], int | None]] = [
     ("trainer", "zero0", "trainer_script.py", ["--stage", "0"], 2),
     ("trainer", "zero2", "trainer_script.py", ["--stage", "2"], 2),
     ("trainer", "zero3", "trainer_script.py", ["--stage", "3", "--save"], 2),
     ("accelerate", "zero0", "accelerate_script.py", ["--stage", "0"], 2),
     ("accelerate", "zero2", "accelerate_script.py", ["--stage", "2"], 2),
     ("accelerate", "zero3", "accelerate_script.py", ["--stage", "3"], 2),
+    ("lightning", "lightning_zero0", "lightning_script.py", ["--stage", "0", *L_ARGS], None),
+    ("lightning", "lightning_zero2", "lightning_script.py", ["--stage", "2", *L_ARGS], None),
+    ("lightning", "lightning_zero3", "lightning_script.py", ["--stage", "3", *L_ARGS], None),
+    (
+        "lightning",
+        "lightning_zero2_bf16",
+        "lightning_script.py",
+        ["--stage", "2", *L_ARGS, "--precision", "bf16-mixed"],
+        None,
+    ),
 ]
+
+
+def run_self_launching(script: str, args: list[str], cwd: Path) -> dict:
+    """Run a script that starts its own ranks; the JSON of the last line rank 0 printed."""
+    env = {**os.environ, "PYTHONPATH": ""}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "integration" / "frameworks" / script), *args],
+        env=env, capture_output=True, text=True, timeout=900, cwd=cwd,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"{script} {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def record(framework: str, out_root: Path) -> dict:
@@ -44,6 +69,12 @@ def record(framework: str, out_root: Path) -> dict:
         if fw != framework:
             continue
         out = out_root / f"{fw}-{name}"
+        if nproc is None:
+            out.mkdir(parents=True)
+            case = {"script": script, "args": args, **run_self_launching(script, args, out)}
+            cases[name] = case
+            print(f"{fw} {name}: {case['losses']}", flush=True)
+            continue
         records = run_script(sys.executable, script, *args, "--out", str(out), nproc=nproc)
         case = {"script": script, "args": args, "ranks": nproc, "losses": losses(records)}
         saved = weights(records)

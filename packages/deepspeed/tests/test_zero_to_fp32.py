@@ -55,6 +55,18 @@ def test_convert_and_load_round_trip(trained, tmp_path: Path):
     torch.testing.assert_close(fresh[0].weight.detach(), state["0.weight"], rtol=0, atol=0)
 
 
-def test_deepspeed_format_readers_fail_naming_the_format():
-    with pytest.raises(deepspeed.FeatureNotAvailableError, match="DeepSpeed's own checkpoint files"):
-        zero_to_fp32.get_model_state_file("x", 2)
+def test_deepspeed_file_readers_give_a_view_of_a_ds_checkpoint(trained, tmp_path: Path):
+    """Lightning's converter reads the ZeRO stage and its client state through these DeepSpeed file names."""
+    save_dir, trained_weights = trained
+    tag_dir = save_dir / "t3"
+    (optim_file,) = zero_to_fp32.get_optim_files(tag_dir)
+    assert torch.load(optim_file, weights_only=True)["optimizer_state_dict"]["zero_stage"] == 2
+    model = torch.load(zero_to_fp32.get_model_state_file(tag_dir, 2), weights_only=True)
+    assert model["dp_world_size"] == 1 and model["global_steps"] == 3
+    assert model["module"].keys() == trained_weights.keys()
+    assert not list(tag_dir.glob("*.pt")), "the checkpoint folder is left as saved"
+
+
+def test_deepspeed_file_readers_fail_on_other_folders(tmp_path: Path):
+    with pytest.raises(deepspeed.FeatureNotAvailableError, match="not a ds checkpoint"):
+        zero_to_fp32.get_model_state_file(tmp_path, 2)

@@ -312,3 +312,23 @@ def test_a_forward_outside_the_trace_keeps_training_identical_and_nothing_whole(
         # is released, training is unchanged (checked with the others) and a step leaves nothing whole
         assert e["whole_after_eval"] is not None and e["whole_after_step"] == 0
         assert all(c["whole_after_step"] == 0 for c in r["schedule"].values())
+
+
+def test_state_is_the_per_parameter_state_of_the_views_in_param_groups():
+    """``.state`` as a torch optimizer exposes it: keyed by the sub-group views in ``param_groups``."""
+    import torch.distributed as dist
+    from rank_testing import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = w.Net()
+        zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), Stage3Options())
+        w.train(model, zero, 0, 1, 2, 1)
+        views = [p for g in zero.param_groups for p in g["params"]]
+        assert list(zero.state) == views and zero.state is zero.optimizer.state
+        assert all(zero.state[v]["exp_avg_sq"].shape == v.shape for v in views)
+        assert all(zero.state[v]["exp_avg_sq"].abs().sum() > 0 for v in views)
+        assert set(zero.state_dict()) == {"tensors", "meta"}
+    finally:
+        dist.destroy_process_group()

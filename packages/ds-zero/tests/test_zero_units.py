@@ -273,3 +273,18 @@ def test_the_norm_is_exact_where_fp32_squares_overflow_and_inf_anywhere_skips(wo
     for bad in (float("inf"), float("nan")):
         replica = torch.tensor([1.0, 2.0, bad])
         assert partition_norm_sq([(g, None), (replica, [(0, 2)])], cpu, None, None) == float("inf")
+
+
+def test_state_is_the_per_parameter_state_of_the_partitions_in_param_groups(world_of_one):
+    """``.state`` as a torch optimizer exposes it (Lightning moves it between devices): keyed by the fp32
+    partition in ``param_groups``, holding that partition's Adam moments."""
+    model = nn.Linear(4, 3)
+    zero = ZeroOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), ZeroOptions(stage=2))
+    assert len(zero.state) == 0
+    zero.backward(model(torch.randn(2, 4)).sum())
+    assert zero.step()
+    (part,) = zero.param_groups[0]["params"]
+    assert list(zero.state) == [part]
+    assert zero.state[part]["exp_avg"].shape == part.shape == (15 + 1,)  # 15 elements padded to 2*dp
+    tensors, _ = zero.sharded_state_dict()
+    torch.testing.assert_close(zero.state[part]["exp_avg"][:15], tensors["g0.exp_avg"], rtol=0, atol=0)

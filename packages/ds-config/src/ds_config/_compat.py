@@ -9,7 +9,7 @@ defaults are DeepSpeed 0.19.8's.
 from __future__ import annotations
 
 import json
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -17,6 +17,7 @@ from ._types import JsonBool, JsonFloat, JsonInt
 
 __all__ = [
     "compat_no_effect",
+    "AioConfig",
     "AutotuningConfig",
     "CSVMonitorConfig",
     "CurriculumLearningConfig",
@@ -185,6 +186,27 @@ def only_default(default: Any, feature: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+class AioConfig(_CompatSection):
+    """``aio``: DeepSpeed's asynchronous I/O settings for NVMe offload (ZeRO-Infinity), which ds rejects.
+
+    Accepted (every value) so that configs which always carry it load, Lightning's ``DeepSpeedStrategy``
+    among them; it has no effect because nothing in ds does NVMe I/O (an ``nvme`` offload device is an
+    error). ``use_gds`` (GPUDirect Storage) is accepted only false.
+    """
+
+    block_size: JsonInt = Field(1048576, ge=1, description="DeepSpeed: NVMe I/O block size in bytes.")
+    queue_depth: JsonInt = Field(8, ge=1, description="DeepSpeed: NVMe I/O queue depth.")
+    intra_op_parallelism: JsonInt = Field(1, ge=1, description="DeepSpeed: I/O threads per operation.")
+    thread_count: JsonInt = Field(
+        1, ge=1, description="The older name of intra_op_parallelism (Lightning writes it; DeepSpeed 0.19 ignores it)."
+    )
+    single_submit: JsonBool = Field(False, description="DeepSpeed: submit I/O requests one at a time.")
+    overlap_events: JsonBool = Field(True, description="DeepSpeed: overlap I/O submission and completion.")
+    use_gds: Annotated[JsonBool, only_default(False, "GPUDirect Storage (aio.use_gds)")] = Field(
+        False, description="Must stay false: ds has no GPUDirect Storage."
+    )
+
+
 def _unavailable_sections() -> dict[str, type[_Unavailable]]:
     return {
         "wandb": WandbConfig,
@@ -209,6 +231,13 @@ def compat_no_effect() -> dict[str, str]:
         for section, model in _unavailable_sections().items()
         for field in model.model_fields
     }
+    table.update(
+        {
+            f"aio.{field}": "tunes NVMe offload I/O (ZeRO-Infinity), which ds rejects: accepted for configs that "
+            "always carry it (Lightning's)"
+            for field in AioConfig.model_fields
+        }
+    )
     table.update(
         {
             "fp16.auto_cast": "accepted only false (DeepSpeed's default): ds does not cast the inputs",

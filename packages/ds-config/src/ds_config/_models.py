@@ -23,6 +23,7 @@ from pydantic import (
 
 from ._batch import BatchSizes
 from ._compat import (
+    AioConfig,
     AutotuningConfig,
     CometConfig,
     CommsLoggerConfig,
@@ -696,6 +697,7 @@ class DSConfig(_Section):
         default_factory=TensorBoardConfig, description="TensorBoard events."
     )
     csv_monitor: CSVMonitorConfig = Field(default_factory=CSVMonitorConfig, description="CSV event files.")
+    aio: AioConfig = Field(default_factory=AioConfig, description="NVMe offload I/O; no effect (no NVMe in ds).")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Not in ds: disabled only.")
     comet: CometConfig = Field(default_factory=CometConfig, description="Not in ds: disabled only.")
     flops_profiler: FlopsProfilerConfig = Field(

@@ -252,15 +252,23 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         tag: Any = None,
         client_state: dict | None = None,
         save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
     ) -> bool:
-        """Save on every rank: weights (rank 0), this rank's optimizer shard, schedule, counters, client state."""
+        """Save on every rank: weights (rank 0), this rank's optimizer shard, schedule, counters, client state.
+
+        ``exclude_frozen_parameters`` (DeepSpeed's): leave parameters with ``requires_grad=False`` out of the
+        saved weights (loading such a checkpoint then needs ``load_module_strict=False``)."""
         if not save_dir:  # None or "": DeepSpeed 0.19.8 refuses both with this ValueError
             raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
+        model_state = self._module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            model_state = {k: v for k, v in model_state.items() if k not in frozen}
         ds_checkpoint.save_state(
             save_dir,
             tag,
-            model_state=self._module_state_dict(),
+            model_state=model_state,
             optimizer_shard=self._sharded_state(),
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=self._counters(),

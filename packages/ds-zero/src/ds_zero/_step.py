@@ -63,6 +63,13 @@ class LossScaledStep:
         """The inner optimizer's param groups (for LR schedulers); they hold this rank's fp32 partitions."""
         return self.optimizer.param_groups
 
+    @property
+    def state(self) -> dict:
+        """The inner optimizer's per-parameter state, as a torch optimizer exposes it: keyed by the parameters in
+        ``param_groups`` (views of this rank's fp32 partition), each value that view's state (Adam's ``exp_avg``,
+        ``exp_avg_sq``, ``step``). DeepSpeed's ZeRO optimizers expose the same (Lightning reads it at teardown)."""
+        return self.optimizer.state
+
     def step_state(self) -> dict:
         """The step's bookkeeping for a checkpoint's ``meta["extra"]`` (the loss scaler's state included)."""
         return {

@@ -214,6 +214,11 @@ class ZeroStage3Optimizer(LossScaledStep):
         extra = {"zero_stage": 3, **self.step_state()}
         return sharded_state(self.params, self.masters, self.optimizer, self.sub_groups, extra)
 
+    def state_dict(self) -> dict:
+        """Alias of ``sharded_state_dict`` as a dict ``{"tensors": ..., "meta": ...}`` (as at stages 1 and 2)."""
+        tensors, meta = self.sharded_state_dict()
+        return {"tensors": tensors, "meta": meta}
+
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's slice (already cut for this partitioning by the caller); every rank calls it."""
         load_sharded(self.params, self.masters, self.optimizer, self.sub_groups, tensors, meta)
