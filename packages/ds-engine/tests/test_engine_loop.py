@@ -144,7 +144,7 @@ def test_sparse_attention_from_config():
     config = ds_engine.initialize(
         model=net(),
         config=cfg(sparse_attention={"mode": "fixed", "block": 16, "attention": "unidirectional"}),
-    )[0].config
+    )[0].ds_config
     attn = ds_engine.sparse_attention.sparse_self_attention(config, num_heads=2)
     q = torch.randn(1, 2, 64, 8)
     assert attn(q, q, q).shape == (1, 2, 64, 8)
