@@ -3,7 +3,7 @@
 
 A small MLP on synthetic data, no hub access. Rank 0 prints {"step": n, "loss": x} per step and, at the
 end, {"weights": {name: sum}} of ``accelerator.get_state_dict(model)``. ``--save-at N`` calls
-``save_state`` after step N; ``--resume DIR --start N`` calls ``load_state`` and continues from step N+1.
+``save_state`` after step N; ``--resume DIR --from-step N`` calls ``load_state`` and continues from step N+1.
 Usage:
   DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 accelerate_script.py --stage 2 --out DIR
 
@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=4)
     p.add_argument("--save-at", type=int, default=0)
     p.add_argument("--resume", default=None)
-    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--from-step", type=int, default=0, help="with --resume: the step the state was saved at")
     args = p.parse_args()
     import accelerate.state
     from accelerate import Accelerator, DeepSpeedPlugin
@@ -63,9 +63,9 @@ def main() -> None:
     if args.resume:
         accelerator.load_state(args.resume)
     batches = iter(loader)
-    for _ in range(args.start):
+    for _ in range(args.from_step):
         next(batches)
-    for step in range(args.start + 1, args.steps + 1):
+    for step in range(args.from_step + 1, args.steps + 1):
         x, y = next(batches)
         loss = torch.nn.functional.mse_loss(model(x), y)
         accelerator.backward(loss)
@@ -78,7 +78,10 @@ def main() -> None:
             accelerator.save_state(str(Path(args.out) / "state"))
     state = accelerator.get_state_dict(model)
     if accelerator.is_main_process:
-        print(json.dumps({"weights": {k: v.double().sum().item() for k, v in sorted(state.items())}}), flush=True)
+        print(
+            json.dumps({"weights": {k: v.double().sum().item() for k, v in sorted(state.items())}}),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

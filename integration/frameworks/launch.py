@@ -51,7 +51,7 @@ def run_script(
         )
     records = []
     for line in proc.stdout.splitlines():
-        start = line.find("{\"")
+        start = line.find('{"')
         if start < 0:
             continue
         try:

@@ -7,9 +7,10 @@ Lightning launches the other ranks itself (its subprocess launcher re-runs this 
 the last line of its stdout, ``{"losses": [...], "steps": [...]}``: the loss of each optimizer step,
 averaged over all ranks (the global batch's mean loss, so runs at different rank counts compare).
 
-The data is a fixed synthetic regression set, unshuffled, and the per-rank batch is ``GLOBAL_BATCH //
-devices``: Lightning's DistributedSampler hands step k the samples ``[k*G, (k+1)*G)`` at any rank count,
-so a run at 1, 2 or 4 ranks trains on the same global batches.
+The data is a fixed synthetic regression set and the per-rank batch is ``GLOBAL_BATCH // devices``.
+Lightning's DistributedSampler shuffles it with one permutation per epoch (seed 0 + epoch) whatever the
+rank count, and rank r takes every devices-th index from r: the ranks' micro-batches of step k together are
+the permutation's ``[k*G, (k+1)*G)``, so a run at 1, 2 or 4 ranks trains on the same global batches.
 
 The one adjustment for CPU (the same for DeepSpeed and ds, touching no ``deepspeed`` name): Lightning's
 ``DeepSpeedStrategy.setup_environment`` refuses any accelerator but CUDA; ``CPUDeepSpeedStrategy`` skips that

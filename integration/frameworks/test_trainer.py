@@ -32,7 +32,9 @@ def _run(*args: str, nproc: int = 2) -> list[dict]:
 def assert_close(ours: list[float], theirs: list[float], what: str) -> None:
     assert len(ours) == len(theirs) and theirs, f"{what}: ds {ours}, expected {theirs}"
     worst = max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
-    assert worst <= REL_TOL, f"{what}: max relative difference {worst:.2e}\nds:       {ours}\nexpected: {theirs}"
+    assert worst <= REL_TOL, (
+        f"{what}: max relative difference {worst:.2e}\nds:       {ours}\nexpected: {theirs}"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +66,11 @@ def test_zero3_losses_match_deepspeed(zero3_run):
 def test_zero3_save_model_writes_deepspeeds_weights(zero3_run):
     ours, theirs = weights(zero3_run[0]), FIXTURE["cases"]["zero3"]["weights"]
     assert ours is not None and ours.keys() == theirs.keys()
+    # Per-tensor sums. Attention's key bias gets gradients that are zero up to rounding, and Adam divides them
+    # by their own RMS, so its elements depend on the order of the gradient sums (measured: those sums differ by
+    # ~1e-6, all others by <3e-7). 1e-5 is 100x below what one Adam step moves one element (lr 1e-3).
     for name in theirs:
-        assert ours[name] == pytest.approx(theirs[name], rel=REL_TOL, abs=1e-6), name
+        assert ours[name] == pytest.approx(theirs[name], rel=REL_TOL, abs=1e-5), name
 
 
 def test_checkpoint_files_hold_no_pickle(zero3_run):
@@ -95,4 +100,3 @@ def test_resume_continues_identically(zero3_run, nproc, tmp_path):
     )  # fmt: skip
     assert [r["step"] for r in records if "loss" in r and "step" in r] == [3, 4]
     assert_close(losses(records), uninterrupted[2:], f"resume at {nproc} ranks")
-

@@ -172,6 +172,9 @@ def mixed_precision(rank: int, world: int) -> dict:
         "master_dtype": str(zero.masters[0].dtype),
         "partition_dtype": str(zero.params.parts[0].dtype),
         "gathered_dtype": str(zero.module_state_dict()["l1.weight"].dtype),
+        "tied_names_share_one_tensor": (lambda sd: sd["head.weight"] is sd["emb.weight"])(
+            zero.module_state_dict()
+        ),
     }
 
 

@@ -109,6 +109,12 @@ def test_bf16_keeps_fp32_masters(world):
         assert b["error"] < 3e-2  # bf16 forward/backward against the fp32 reference, 3 steps
 
 
+def test_a_tied_parameter_gathers_into_one_tensor_under_both_names(world):
+    """As in module.state_dict(): save_pretrained drops the tied name only when both share one tensor."""
+    _, results = world
+    assert all(r["bf16"]["tied_names_share_one_tensor"] for r in results)
+
+
 def test_gathered_parameters_modifier_rank_reaches_every_partition(world):
     _, results = world
     for r in results:

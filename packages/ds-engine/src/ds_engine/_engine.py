@@ -336,7 +336,13 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
-        return {k: v.detach().cpu().clone() for k, v in state.items()} if self.global_rank == 0 else {}
+        if self.global_rank != 0:
+            return {}
+        copies: dict[int, torch.Tensor] = {}  # tied names keep sharing one tensor (save_pretrained drops the tie)
+        for v in state.values():
+            if id(v) not in copies:
+                copies[id(v)] = v.detach().cpu().clone()
+        return {k: copies[id(v)] for k, v in state.items()}
 
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict:
         return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)

@@ -228,16 +228,24 @@ class ZeroStage3Optimizer(LossScaledStep):
     def module_state_dict(self, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
         """The module's full state dict on every rank (collective), one parameter gathered at a time.
 
-        With ``dtype`` the gathered parameters are cast (``save_16bit_model`` passes the 16-bit dtype).
+        With ``dtype`` the gathered parameters are cast (``save_16bit_model`` passes the 16-bit dtype). A tied
+        parameter (one tensor under several names, e.g. an LM head tied to the embedding) is gathered once and
+        every name maps to the same tensor object, as in ``module.state_dict()``: savers that drop shared
+        tensors (safetensors in ``save_pretrained``) then see the tie, as under DeepSpeed.
         """
         out: dict[str, torch.Tensor] = {}
+        seen: dict[int, torch.Tensor] = {}  # id(module tensor) -> its gathered copy
         for name, t in self.module.state_dict(keep_vars=True).items():
+            if id(t) in seen:
+                out[name] = seen[id(t)]
+                continue
             slot = self.params.slot(t)
             if slot is None:
                 out[name] = t.detach().cpu().clone()
-                continue
-            (full,) = self.params.gather_values([slot], self.params.parts, slot.param.dtype)
-            out[name] = full.to("cpu", dtype or full.dtype)
+            else:
+                (full,) = self.params.gather_values([slot], self.params.parts, slot.param.dtype)
+                out[name] = full.to("cpu", dtype or full.dtype)
+            seen[id(t)] = out[name]
         return out
 
     def fp32_state_dict(self) -> dict[str, torch.Tensor]:
