@@ -25,3 +25,25 @@ def test_default_reaches_a_config_given_as_a_path(tmp_path):
     path.write_text(json.dumps(CFG))
     engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 2), config=str(path))
     assert engine.gradient_clipping() == 1.0
+
+
+@pytest.mark.parametrize(
+    "fp16, expected", [({"enabled": True}, 2.0**16), ({"enabled": True, "initial_scale_power": 8}, 2.0**8)]
+)
+def test_fp16_loss_scale_starts_at_deepspeed_019s(fp16, expected):
+    """0.19 starts the dynamic loss scale at 2**16 (ds_engine, following the config reference, at 2**32)."""
+    engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 2), config={**CFG, "fp16": fp16})
+    assert engine.optimizer.loss_scale == expected
+
+
+def test_ds_engine_keeps_its_own_defaults():
+    import ds_engine
+
+    engine, *_ = ds_engine.initialize(model=torch.nn.Linear(4, 2), config={**CFG, "fp16": {"enabled": True}})
+    assert engine.gradient_clipping() == 0.0 and engine.optimizer.loss_scale == 2.0**32
+
+
+def test_a_section_default_adds_no_section():
+    """The fp16 default fills an fp16 section the config has; it does not turn fp16 on in one without."""
+    engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 2), config=CFG)
+    assert not engine.fp16_enabled()

@@ -47,10 +47,11 @@ dist = comm
 
 _announced = False
 
-# Top-level config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference
-# and 0.14): 0.19 clips gradients to norm 1.0 unless the config says otherwise. Without this, a config
-# that leaves gradient_clipping out (the Trainer's and Accelerate's usual ones) trains differently.
-DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0}
+# Config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference and
+# spec/decisions.md): 0.19 clips gradients to norm 1.0 unless the config says otherwise, and its fp16 loss
+# scale starts at 2**16 (ds_engine's at 2**32). Without these, a config that leaves the keys out (the
+# Trainer's and Accelerate's usual ones) would train differently under `import deepspeed`.
+DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0, "fp16": {"initial_scale_power": 16}}
 
 
 def initialize(*args: Any, **kwargs: Any) -> tuple[DeepSpeedEngine, Any, Any, Any]:

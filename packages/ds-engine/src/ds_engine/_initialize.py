@@ -62,8 +62,8 @@ def initialize(
     With fp32 at ZeRO stage 0 the optimizer returned is the torch optimizer itself (the one the script
     passed, if it passed one), as in DeepSpeed; otherwise it is the engine's wrapper.
 
-    ``defaults`` fills top-level keys the config leaves out (the ``deepspeed`` package passes those
-    where the DeepSpeed release it maps differs from ds's own defaults).
+    ``defaults`` fills keys the config leaves out, nested ones included (the ``deepspeed`` package passes
+    those where the DeepSpeed release it maps differs from ds's own defaults).
     """
     ds_launch.install_excepthook()  # an uncaught ConfigError: its message once, no traceback
     if model is None:
@@ -71,7 +71,7 @@ def initialize(
     source = resolve_config_source(args, config, config_params)
     if defaults:
         raw, _ = read_source(source)
-        source = {**defaults, **raw}
+        source = _under(raw, defaults)
     _setup_logging()
     if dist_init_required is False and not dist.is_initialized():
         raise InitializeError(
@@ -152,3 +152,16 @@ def _setup_logging() -> None:
     handler.setFormatter(logging.Formatter("[ds %(asctime)s] %(message)s", "%H:%M:%S"))
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+
+
+def _under(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` with ``defaults`` filling the keys it leaves out; a default that is a dict fills a section
+    only where the config has that section (``{"fp16": {...}}`` adds nothing to a config without fp16)."""
+    out = dict(config)
+    for key, value in defaults.items():
+        if isinstance(value, Mapping):
+            if isinstance(out.get(key), Mapping):
+                out[key] = _under(out[key], value)
+        else:
+            out.setdefault(key, value)
+    return out
