@@ -154,7 +154,7 @@ def test_zero_optimizer_loss_scale_config(fp16, expected):
 
 
 def test_stage3_parameters_carry_deepspeeds_attributes():
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from ds_zero.stage3 import ZeroParamStatus  # deepspeed.runtime.zero.partition_parameters re-exports it
 
     config = {
         "train_micro_batch_size_per_gpu": 1,
