@@ -127,7 +127,9 @@ def test_per_rank_timestamped_save_dirs_give_one_complete_checkpoint(tmp_path: P
     (tmp_path / "ds_config.json").write_text(
         json.dumps({"train_batch_size": 4, "optimizer": {"type": "AdamW"}, "zero_optimization": {"stage": 2}})
     )
-    proc = launch(str(script), "--root", str(root), "--deepspeed_config", str(tmp_path / "ds_config.json"), num_procs=2)
+    proc = launch(
+        str(script), "--root", str(root), "--deepspeed_config", str(tmp_path / "ds_config.json"), num_procs=2
+    )
     folders = list(root.iterdir())
     assert len(folders) == 1 and folders[0].name.startswith("run-"), folders  # nothing scattered
     shards = sorted(p.name for p in folders[0].glob("*/optim_rank*.json"))

@@ -90,12 +90,11 @@ def test_save_state_files_ds_writes_hold_no_pickle(runs, case):
             assert all(isinstance(t, torch.Tensor) for t in load_file(path).values())
 
 
-@pytest.mark.parametrize(
-    ("case", "nproc"), [("zero0", 2), ("zero2", 2), ("zero3", 2), ("zero3", 1), ("zero3", 4)]
-)
+@pytest.mark.parametrize(("case", "nproc"), [("zero0", 2), ("zero2", 2), ("zero3", 1), ("zero3", 4)])
 def test_load_state_resumes_identically_at_any_world_size(runs, case, nproc, tmp_path):
     """The 2-rank state saved after step 2, loaded at ``nproc`` ranks, gives the uninterrupted run's losses
-    for steps 3 and 4. DeepSpeed itself loads a ZeRO checkpoint only at the world size that saved it."""
+    for steps 3 and 4. DeepSpeed itself loads a ZeRO checkpoint only at the world size that saved it. (ZeRO-3
+    at 2 ranks is the Trainer's and Lightning's resume test; here it reshards, CI time.)"""
     records, out = runs(case)
     resumed = _run(
         *FIXTURE["cases"][case]["args"],

@@ -136,16 +136,18 @@ def _numpy(obj):
     return obj
 
 
-def _onebit_world(rank: int, world: int) -> dict:
+def _onebit_world(rank: int, world: int, steps: int, against_adam: bool) -> dict:
     compressed = _compressed_mean(rank, world)
-    onebit = _train(rank, world, True, freeze_step=40, steps=200)
-    adam = _train(rank, world, False, freeze_step=0, steps=200)
+    onebit = _train(rank, world, True, freeze_step=40, steps=steps)
+    adam = _train(rank, world, False, freeze_step=0, steps=steps) if against_adam else None
     return _numpy({"compressed": compressed, "onebit": onebit, "adam": adam})
 
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_onebit_adam_on_real_processes(world):
-    results = spawn(_onebit_world, world)
+    # at 4 ranks the communication checks, over fewer steps; the loss against Adam's at 2 (CI time)
+    steps = 200 if world == 2 else 80
+    results = spawn(_onebit_world, world, steps, world == 2)
 
     # The compressed all-reduce gives every rank the same tensor, and error feedback makes its average exact.
     lasts = [r["compressed"]["last"] for r in results]
@@ -156,12 +158,13 @@ def test_onebit_adam_on_real_processes(world):
     # After freeze_step the bytes sent are at most 1/20 of an fp32 all-reduce of the same momentum.
     onebit = [r["onebit"] for r in results]
     for r in onebit:
-        assert r["frozen"] and len(r["bytes"]) == 200 - 40
+        assert r["frozen"] and len(r["bytes"]) == steps - 40
         assert 0 < max(r["bytes"]) <= r["fp32_bytes"] / 20
     # Replicas stay identical, and the loss ends within 5% of plain Adam's.
     assert all((a == b).all() for r in onebit[1:] for a, b in zip(onebit[0]["params"], r["params"]))
-    adam_loss = results[0]["adam"]["loss"]
-    assert onebit[0]["loss"] <= adam_loss * 1.05, (onebit[0]["loss"], adam_loss)
+    if results[0]["adam"] is not None:
+        adam_loss = results[0]["adam"]["loss"]
+        assert onebit[0]["loss"] <= adam_loss * 1.05, (onebit[0]["loss"], adam_loss)
 
     # Loading a checkpoint resets the error buffers, recomputes the stage, keeps the current mask.
     assert onebit[0]["reload"] == {"had_errors": True, "errors_after": 0, "frozen": True, "mask_kept": True}

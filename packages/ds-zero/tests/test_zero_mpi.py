@@ -1,6 +1,6 @@
 """The MPI transport (``ds_zero._mpi``) under a real ``mpirun``: every parity configuration of stages 0-3
 trains the same weights as over torch.distributed (bit for bit at 2 ranks, where a sum of two is the
-same in any order; within the parity tolerance at 4), and MPI really carried the fp32 collectives."""
+same in any order), and MPI really carried the fp32 collectives."""
 
 from __future__ import annotations
 
@@ -38,17 +38,16 @@ def runs() -> dict[tuple[int, str], list[dict]]:
     return {
         (2, "auto"): _mpirun(2, "auto"),
         (2, "torch"): _mpirun(2, "torch"),
-        (4, "auto"): _mpirun(4, "auto"),
     }
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_mpi_carries_fp32_collectives_and_matches_single_process(runs, world):
-    # MPI takes fp32 (and fp64) CPU tensors; bf16 stays on torch.distributed
-    _parity.check(runs[(world, "auto")], lambda name: name not in _parity.BF16, "MPI")
+def test_mpi_carries_fp32_collectives_and_matches_single_process(runs):
+    # MPI takes fp32 (and fp64) CPU tensors; bf16 stays on torch.distributed. At 4 ranks under mpirun:
+    # integration/test_engine_parity.py's mpirun test (the whole list again here would only repeat it)
+    _parity.check(runs[(2, "auto")], lambda name: name not in _parity.BF16, "MPI")
 
 
 def test_mpi_and_torch_distributed_train_identical_weights_at_two_ranks(runs):
     mpi, torch_dist = runs[(2, "auto")][0], runs[(2, "torch")][0]
     assert all(r["calls"] == 0 for r in torch_dist.values()), "DS_ZERO_COLLECTIVES=torch still used MPI"
-    assert {k: r["digest"] for k, r in mpi.items()} == {k: r["digest"] for k, r in torch_dist.items()}
+    assert _parity.same_weights(mpi, torch_dist)
