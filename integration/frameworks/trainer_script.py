@@ -2,7 +2,11 @@
 
 Tiny GPT-2 built from its config, synthetic tokens, no hub access. Prints one JSON line per logged
 step on rank 0: {"step": n, "loss": x}; with --save, ``Trainer.save_model`` then runs and rank 0 prints
-{"weights": {name: sum}} of the safetensors file it wrote (at ZeRO-3 the 16-bit gather on save). Usage:
+{"weights": {name: sum}} of the safetensors file it wrote (at ZeRO-3 the 16-bit gather on save). Its last
+line is {"step_seconds": [...]}: rank 0's wall time of each optimizer step (``on_step_begin`` to
+``on_step_end``: forward, backward, optimizer step). ``--ddp`` trains with the Trainer's own DDP instead of
+DeepSpeed (the benchmark's baseline, tools/bench_frameworks.py; it clips gradients at 1.0 as DeepSpeed
+does by default); ``--width``/``--layers`` size the model (defaults: the tests' tiny one). Usage:
   HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 trainer_script.py --stage 2 --out DIR
 """
 
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -36,6 +41,19 @@ class PrintLoss(TrainerCallback):
             print(json.dumps(record), flush=True)
 
 
+class StepTimer(TrainerCallback):
+    """Wall time of each optimizer step: forward, backward and the optimizer (or engine) step."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self._t0 = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):  # noqa: ANN001, ANN201
+        self.seconds.append(time.perf_counter() - self._t0)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--stage", type=int, default=0)
@@ -45,6 +63,11 @@ def main() -> None:
     p.add_argument("--save-steps", type=int, default=0, help="checkpoint every N steps (0: never)")
     p.add_argument("--resume", default=None, help="a checkpoint folder to resume_from_checkpoint")
     p.add_argument("--save", action="store_true", help="save_model at the end and print the weights' sums")
+    p.add_argument(
+        "--ddp", action="store_true", help="the Trainer's DDP instead of DeepSpeed (benchmark baseline)"
+    )
+    p.add_argument("--width", type=int, default=32, help="n_embd (the benchmark uses a larger one)")
+    p.add_argument("--layers", type=int, default=2, help="n_layer")
     args = p.parse_args()
     ds_config = {
         "train_micro_batch_size_per_gpu": "auto",
@@ -62,7 +85,9 @@ def main() -> None:
         save_strategy="steps" if args.save_steps else "no",
         save_steps=args.save_steps or 500,
         report_to=[],
-        deepspeed=ds_config,
+        deepspeed=None
+        if args.ddp
+        else ds_config,  # DDP clips at max_grad_norm 1.0 as DeepSpeed's default does
         use_cpu=True,
         seed=0,
         dataloader_num_workers=0,
@@ -70,9 +95,12 @@ def main() -> None:
     torch.manual_seed(0)
     # no dropout: a run resumed at another world size draws no per-rank random masks
     no_dropout = {"resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0}
-    config = GPT2Config(vocab_size=128, n_positions=16, n_embd=32, n_layer=2, n_head=2, **no_dropout)
+    config = GPT2Config(
+        vocab_size=128, n_positions=16, n_embd=args.width, n_layer=args.layers, n_head=2, **no_dropout
+    )
     model = GPT2LMHeadModel(config)
-    trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(), callbacks=[PrintLoss()])
+    timer = StepTimer()
+    trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(), callbacks=[PrintLoss(), timer])
     trainer.train(resume_from_checkpoint=args.resume)
     if args.save:
         final = Path(args.out) / "final"
@@ -80,6 +108,8 @@ def main() -> None:
         if trainer.is_world_process_zero():
             tensors = load_file(final / "model.safetensors")
             print(json.dumps({"weights": {k: v.double().sum().item() for k, v in sorted(tensors.items())}}))
+    if trainer.is_world_process_zero():
+        print(json.dumps({"step_seconds": timer.seconds}), flush=True)
 
 
 if __name__ == "__main__":
