@@ -194,7 +194,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         """Per group, the partition ranges counted in the norm (None: all of it), by the rule of stages
         1 and 2 (``_partition.norm_ranges``)."""
         mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None
-        spans: list[list[tuple[nn.Parameter, int, int]]] = [[] for _ in self.grad_parts]
+        spans: list[list[tuple[nn.Parameter, int, int]]] = [[] for _ in range(len(self.grad_parts))]
         for s in self.params.slots.values():
             spans[s.group].append((s.param, s.start, s.end))
         return [
