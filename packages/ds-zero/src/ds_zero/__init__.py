@@ -11,7 +11,7 @@ mpirun (``_mpi.py``), else over shared memory when the ranks share a host (``_sh
 
 from ._comm import AveragingRule
 from ._config_fields import CONFIG_FIELDS
-from ._errors import ZeroAssertionError, ZeroConfigError
+from ._errors import OptimizerStateKeyError, ZeroAssertionError, ZeroConfigError
 from ._fragments import ParamFragments, optimizer_of
 from ._layout import GroupLayout
 from ._memory import MemoryReport
@@ -47,6 +47,7 @@ __all__ = [
     "GroupLayout",
     "LossScalerProtocol",
     "MemoryReport",
+    "OptimizerStateKeyError",
     "ParamFragments",
     "PartitionOnConstruction",
     "SHARD_FORMAT",

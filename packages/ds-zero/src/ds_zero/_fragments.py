@@ -24,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ._comm import ProcessGroup
+from ._errors import OptimizerStateKeyError
 from ._layout import GroupLayout
 
 __all__ = ["Fragment", "ParamFragments", "ParamSpan", "attach_owner", "optimizer_of", "state_piece"]
@@ -188,7 +189,9 @@ def state_piece(state: dict, key: str, lo: int, hi: int, what: str) -> torch.Ten
     if not torch.is_tensor(value) or value.dim() != 1:
         keys = sorted(k for k, v in state.items() if torch.is_tensor(v) and v.dim() == 1)
         when = " (the inner optimizer has no state before its first step)" if not state else ""
-        raise ValueError(f"{what} has no element-wise optimizer state {key!r}{when}; it has {keys}")
+        raise OptimizerStateKeyError(
+            f"{what} has no element-wise optimizer state {key!r}{when}; it has {keys}"
+        )
     return value[lo:hi]
 
 
