@@ -91,6 +91,10 @@ class ParamFragments:
     def _after_full_write(self, param: nn.Parameter, span: ParamSpan, value: torch.Tensor) -> None:
         """After ``set_full_fp32_param`` wrote the master pieces (nothing to do by default)."""
 
+    def _prepare(self, what: Fragment) -> None:
+        """Called on every rank before any rank reads or writes its piece: the place for a collective that
+        must precede the access (stage 1 reduces a window's gradients there). Nothing by default."""
+
     # ------------------------------------------------------------------ full values (collective)
     def full_fp32_param(self, param: nn.Parameter) -> torch.Tensor:
         """The parameter's fp32 master value, whole, in its shape, on every rank."""
@@ -147,6 +151,7 @@ class ParamFragments:
     # ------------------------------------------------------------------ the one implementation
     def _gather(self, param: nn.Parameter, what: Fragment, key: str | None) -> torch.Tensor | None:
         span = self._span(param)
+        self._prepare(what)
         piece = self._read_piece(span, what, key)
         if piece is None:  # no gradient: the same on every rank (they reduce the same buckets)
             return None
@@ -163,16 +168,20 @@ class ParamFragments:
                 f"the value has {value.numel()} elements ({tuple(value.shape)}) but the parameter has "
                 f"{span.numel} ({tuple(span.shape)}): pass the parameter's whole value"
             )
+        self._prepare(what)
         a, b = span.local_in_param()
-        if a < b:
+        if a < b:  # a rank holding none of the parameter writes nothing
             self._write_piece(span, what, key, value.detach().reshape(-1)[a:b])
 
     def _local(self, param: nn.Parameter, what: Fragment, key: str | None) -> torch.Tensor | None:
-        piece = self._read_piece(self._span(param), what, key)
+        span = self._span(param)
+        self._prepare(what)
+        piece = self._read_piece(span, what, key)
         return None if piece is None else piece.detach().float().clone()
 
     def _write_local(self, param: nn.Parameter, what: Fragment, key: str | None, value: torch.Tensor) -> None:
         span = self._span(param)
+        self._prepare(what)
         lo, hi = span.local()
         if value.numel() != hi - lo:
             raise ValueError(

@@ -309,7 +309,6 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         if what == "fp32":
             return g.master.detach()[lo:hi]
         if what == "grad":
-            self._reduce_window()
             return None if g.grad_part is None else g.grad_part[lo:hi]
         return state_piece(self.optimizer.state.get(g.master, {}), str(key), lo, hi, "the ZeRO optimizer")
 
@@ -320,12 +319,18 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
             if what == "fp32":
                 g.master[lo:hi].copy_(values)
             elif what == "grad":
-                self._reduce_window()  # else the step's reduction would add the window's gradients to it
                 g.grad_part_for_update()[lo:hi].copy_(values)
             else:
                 state_piece(
                     self.optimizer.state.get(g.master, {}), str(key), lo, hi, "the ZeRO optimizer"
                 ).copy_(values)
+
+    def _prepare(self, what: Fragment) -> None:
+        """Stage 1 reduces the window's gradients before one is read or set (a collective: every rank
+        runs it, holding a piece of the parameter or not); a set after the step's reduction would be
+        added to."""
+        if what == "grad":
+            self._reduce_window()
 
     def _after_full_write(self, param: nn.Parameter, span: ParamSpan, value: torch.Tensor) -> None:
         """fp32 weights are their own master: every rank's replica takes the value now, so the ranks agree.
