@@ -99,6 +99,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         }
         attach_owner((p for g in self.groups for p in g.params), self)
         self._window_reduced = False  # stage 1: reduced before the step (a gradient was read or set)
+        self._window_has_backward = False  # a backward of this window ran (on every rank alike)
         rule = AveragingRule(self.dp, opts.prescale_gradients, opts.gradient_predivide_factor)
         self._reducer = PartitionReducer(self.groups, opts, rule, process_group)
         # ds_optim's CPUAdam writes the updated weights into the model dtype in the same pass as the
@@ -185,6 +186,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
                 p.grad = None
         self._reducer.got_grad.clear()
         self._window_reduced = False
+        self._window_has_backward = False
 
     def _point_grads_into_flat_buffers(self) -> None:
         """Contiguous stage 1: before a window's backward, point each ``.grad`` that is None at its slice of
@@ -276,20 +278,20 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
             )
 
     def _reduce_window(self) -> None:
-        """Stage 1 reduces the window's gradients at the step, or earlier when one is read or set; once.
-
-        A window without a backward has nothing to reduce (its gradient does not exist)."""
-        if self.stage == 1 and not self._window_reduced and self._reducer.got_grad:
+        """Stage 1 reduces the window's gradients at the step, or earlier when one is read or set; once."""
+        if self.stage == 1 and not self._window_reduced:
             self._reducer.flush()
             self._window_reduced = True
 
     def _reopen_window(self) -> None:
-        """A backward after an early stage-1 reduction: the accumulated gradients are reduced again at
-        the step, so the partition gradient of the first reduction is dropped rather than counted twice."""
+        """A backward of the window begins. After an early stage-1 reduction the accumulated gradients are
+        reduced again at the step, so the partition gradient of the first reduction is dropped rather than
+        counted twice."""
         if self._window_reduced:
             for g in self.groups:
                 g.grad_part = None
             self._window_reduced = False
+        self._window_has_backward = True
 
     # ------------------------------------------------------------------ one parameter (ParamFragments)
     def _span(self, param: nn.Parameter) -> ParamSpan:
@@ -328,8 +330,8 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
     def _prepare(self, what: Fragment) -> None:
         """Stage 1 reduces the window's gradients before one is read or set (a collective: every rank
         runs it, holding a piece of the parameter or not); a set after the step's reduction would be
-        added to."""
-        if what == "grad":
+        added to. A window without a backward has no gradient: nothing is reduced (the read gives None)."""
+        if what == "grad" and self._window_has_backward:
             self._reduce_window()
 
     def _after_full_write(self, param: nn.Parameter, span: ParamSpan, value: torch.Tensor) -> None:
