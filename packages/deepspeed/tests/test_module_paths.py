@@ -28,7 +28,11 @@ USED = {
     "deepspeed.runtime.engine": ["DeepSpeedEngine"],
     "deepspeed.runtime.zero": ["ZeroParamStatus", "Init", "GatheredParameters", "partition_parameters", "config"],
     "deepspeed.runtime.activation_checkpointing": ["checkpointing"],
-    "deepspeed.utils": ["RepeatingLoader", "groups", "logger", "log_dist"],
+    "deepspeed.utils": [
+        "RepeatingLoader", "groups", "logger", "log_dist",
+        *(f"safe_{op}_{scope}_{what}" for op in ("get", "set") for scope in ("full", "local")
+          for what in ("grad", "fp32_param", "optimizer_state")),
+    ],
     "deepspeed.utils.groups": [
         "get_data_parallel_group", "get_data_parallel_world_size", "get_data_parallel_rank",
         "get_model_parallel_world_size", "get_model_parallel_rank", "get_tensor_model_parallel_world_size",

@@ -1,4 +1,4 @@
-"""DeepSpeed's ``deepspeed.utils``: ``logger``, ``log_dist``, ``RepeatingLoader``.
+"""DeepSpeed's ``deepspeed.utils``: ``logger``, ``log_dist``, ``RepeatingLoader``, the ``safe_get_*`` family.
 
 ``logger`` is the ``ds_engine`` logger the engine itself writes to, so a script's messages and the
 engine's arrive in one stream with one format.
@@ -12,8 +12,39 @@ from typing import Any
 
 from ds_engine import comm
 from ds_engine._data import RepeatingLoader
+from ds_engine._safe_get import (
+    safe_get_full_fp32_param,
+    safe_get_full_grad,
+    safe_get_full_optimizer_state,
+    safe_get_local_fp32_param,
+    safe_get_local_grad,
+    safe_get_local_optimizer_state,
+    safe_set_full_fp32_param,
+    safe_set_full_grad,
+    safe_set_full_optimizer_state,
+    safe_set_local_fp32_param,
+    safe_set_local_grad,
+    safe_set_local_optimizer_state,
+)
 
-__all__ = ["RepeatingLoader", "log_dist", "logger", "print_json_dist"]
+__all__ = [
+    "RepeatingLoader",
+    "log_dist",
+    "logger",
+    "print_json_dist",
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
+    "safe_set_full_fp32_param",
+    "safe_set_full_grad",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_grad",
+    "safe_set_local_optimizer_state",
+]
 
 logger = logging.getLogger("ds_engine")
 

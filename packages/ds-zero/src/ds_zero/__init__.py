@@ -2,14 +2,17 @@
 
 Stage 0 is :class:`GradientReducer` (bucketed all-reduce); stages 1 and 2 are :class:`ZeroOptimizer`,
 configured by :class:`ZeroOptions`. Both launch reductions through one :class:`BucketSchedule`.
-Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``). CPU collectives go over MPI under
+Stage 3 is :class:`ZeroStage3Optimizer` (package ``ds_zero.stage3``). Both are :class:`ParamFragments`:
+one parameter's fp32 master, optimizer state and reduced gradient, whole or this rank's piece, and
+:func:`optimizer_of` finds the optimizer of a parameter. CPU collectives go over MPI under
 mpirun (``_mpi.py``), else over shared memory when the ranks share a host (``_shm.py``), chosen in
 ``_transport.py``; :func:`mpi_collective_calls` and :func:`shm_collective_calls` count them.
 """
 
 from ._comm import AveragingRule
 from ._config_fields import CONFIG_FIELDS
-from ._errors import ZeroAssertionError, ZeroConfigError
+from ._errors import OptimizerStateKeyError, ZeroAssertionError, ZeroConfigError
+from ._fragments import ParamFragments, optimizer_of
 from ._layout import GroupLayout
 from ._memory import MemoryReport
 from ._options import TESTED_OPTIMIZERS, ZeroOptions
@@ -44,6 +47,8 @@ __all__ = [
     "GroupLayout",
     "LossScalerProtocol",
     "MemoryReport",
+    "OptimizerStateKeyError",
+    "ParamFragments",
     "PartitionOnConstruction",
     "SHARD_FORMAT",
     "TESTED_OPTIMIZERS",
@@ -55,5 +60,6 @@ __all__ = [
     "__version__",
     "mpi_collective_calls",
     "names_of",
+    "optimizer_of",
     "shm_collective_calls",
 ]

@@ -13,6 +13,7 @@ from torch import nn
 from . import _transport
 from ._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from ._errors import ZeroAssertionError, ZeroConfigError
+from ._fragments import Fragment, ParamFragments, ParamSpan, attach_owner, state_piece
 from ._memory import MemoryReport, memory_report
 from ._options import ZeroOptions, check_options
 from ._partition import FlatGroup, build_group
@@ -24,7 +25,7 @@ from ._step import LossScaledStep, gather_partitions, global_norm_sq
 __all__ = ["ZeroOptimizer", "names_of"]
 
 
-class ZeroOptimizer(LossScaledStep):
+class ZeroOptimizer(LossScaledStep, ParamFragments):
     """Wrap a torch optimizer with ZeRO stage 1 (optimizer state partitioned) or 2 (and gradients).
 
     Each param group's trainable parameters are flattened into one buffer of the model dtype (padded so
@@ -91,6 +92,14 @@ class ZeroOptimizer(LossScaledStep):
             for i, g in enumerate(optimizer.param_groups)
         ]
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
+        self._spans = {
+            id(p): ParamSpan(g.index, g.layout, self.rank, *g.layout.param_range(i), p.shape)
+            for g in self.groups
+            for i, p in enumerate(g.params)
+        }
+        attach_owner((p for g in self.groups for p in g.params), self)
+        self._window_reduced = False  # stage 1: reduced before the step (a gradient was read or set)
+        self._window_has_backward = False  # a backward of this window ran (on every rank alike)
         rule = AveragingRule(self.dp, opts.prescale_gradients, opts.gradient_predivide_factor)
         self._reducer = PartitionReducer(self.groups, opts, rule, process_group)
         # ds_optim's CPUAdam writes the updated weights into the model dtype in the same pass as the
@@ -139,6 +148,7 @@ class ZeroOptimizer(LossScaledStep):
         The gradient hooks act only during this call; at stage 2 it returns with the micro-step reduced.
         """
         scaled = self._scaled_loss(loss)
+        self._reopen_window()
         self._point_grads_into_flat_buffers()
         self._reducer.begin_backward(self._boundary)
         try:
@@ -155,6 +165,7 @@ class ZeroOptimizer(LossScaledStep):
         buffer first with fp32 accumulation).
         """
         r = self._reducer
+        self._reopen_window()
         r.outside.clear()
         r.got_grad.update(id(p) for g in self.groups for p in g.params if p.grad is not None)
         if self.stage == 2:
@@ -174,6 +185,8 @@ class ZeroOptimizer(LossScaledStep):
             for p in g.params:
                 p.grad = None
         self._reducer.got_grad.clear()
+        self._window_reduced = False
+        self._window_has_backward = False
 
     def _point_grads_into_flat_buffers(self) -> None:
         """Contiguous stage 1: before a window's backward, point each ``.grad`` that is None at its slice of
@@ -197,8 +210,7 @@ class ZeroOptimizer(LossScaledStep):
         and clip in one multiply -> inner step on the fp32 partition -> gather the weights.
         """
         self._check_late_gradients()
-        if self.stage == 1:
-            self._reducer.flush()
+        self._reduce_window()
         if self.options.cpu_offload and not self.options.ignore_unused_parameters:
             self._check_unused()  # DeepSpeed checks at every step, and only with optimizer offload
         divisor = self._begin_step(global_norm_sq(self.groups, self.process_group, self.mp_group))
@@ -264,6 +276,70 @@ class ZeroOptimizer(LossScaledStep):
                 f"gradient in this step: {', '.join(unused)}. Use them in the loss, freeze them "
                 "(requires_grad=False), or set ignore_unused_parameters to true"
             )
+
+    def _reduce_window(self) -> None:
+        """Stage 1 reduces the window's gradients at the step, or earlier when one is read or set; once."""
+        if self.stage == 1 and not self._window_reduced:
+            self._reducer.flush()
+            self._window_reduced = True
+
+    def _reopen_window(self) -> None:
+        """A backward of the window begins. After an early stage-1 reduction the accumulated gradients are
+        reduced again at the step, so the partition gradient of the first reduction is dropped rather than
+        counted twice."""
+        if self._window_reduced:
+            for g in self.groups:
+                g.grad_part = None
+            self._window_reduced = False
+        self._window_has_backward = True
+
+    # ------------------------------------------------------------------ one parameter (ParamFragments)
+    def _span(self, param: nn.Parameter) -> ParamSpan:
+        span = self._spans.get(id(param))
+        if span is None:
+            raise ZeroConfigError(
+                "this ZeRO optimizer does not train that parameter (frozen, or another model's)"
+            )
+        return span
+
+    def _device(self, span: ParamSpan) -> torch.device:
+        return self.groups[span.group].flat.device
+
+    def _read_piece(self, span: ParamSpan, what: Fragment, key: str | None) -> torch.Tensor | None:
+        g = self.groups[span.group]
+        lo, hi = span.local()
+        if what == "fp32":
+            return g.master.detach()[lo:hi]
+        if what == "grad":
+            return None if g.grad_part is None else g.grad_part[lo:hi]
+        return state_piece(self.optimizer.state.get(g.master, {}), str(key), lo, hi, "the ZeRO optimizer")
+
+    def _write_piece(self, span: ParamSpan, what: Fragment, key: str | None, values: torch.Tensor) -> None:
+        g = self.groups[span.group]
+        lo, hi = span.local()
+        with torch.no_grad():
+            if what == "fp32":
+                g.master[lo:hi].copy_(values)
+            elif what == "grad":
+                g.grad_part_for_update()[lo:hi].copy_(values)
+            else:
+                state_piece(
+                    self.optimizer.state.get(g.master, {}), str(key), lo, hi, "the ZeRO optimizer"
+                ).copy_(values)
+
+    def _prepare(self, what: Fragment) -> None:
+        """Stage 1 reduces the window's gradients before one is read or set (a collective: every rank
+        runs it, holding a piece of the parameter or not); a set after the step's reduction would be
+        added to. A window without a backward has no gradient: nothing is reduced (the read gives None)."""
+        if what == "grad" and self._window_has_backward:
+            self._reduce_window()
+
+    def _after_full_write(self, param: nn.Parameter, span: ParamSpan, value: torch.Tensor) -> None:
+        """fp32 weights are their own master: every rank's replica takes the value now, so the ranks agree.
+        A separate master reaches the weights at the next step, as in DeepSpeed."""
+        if self.groups[span.group].master_is_view:
+            with torch.no_grad():
+                param.data.copy_(value.reshape(param.shape))
 
     # ------------------------------------------------------------------ reporting and state
     def memory_report(self) -> MemoryReport:

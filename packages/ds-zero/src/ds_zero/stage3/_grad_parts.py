@@ -43,6 +43,15 @@ class GradPartitions:
         """Per group, whether its partition gradient exists now."""
         return [p is not None for p in self._parts]
 
+    def get(self, g: int, *, allocate: bool = False) -> torch.Tensor | None:
+        """Group ``g``'s partition gradient as it stands (zeros where nothing was reduced); None when it
+        does not exist now, unless ``allocate`` (zeros) is asked for."""
+        if self._parts[g] is None and not allocate:
+            return None
+        part = self._part(g)
+        self.finish()  # later reductions add to the zeros it writes, so this changes no sum
+        return part
+
     def add(self, g: int, lo: int, hi: int, grad: torch.Tensor, alpha: float) -> None:
         """``part[lo:hi] += alpha * grad`` (written, not added, where nothing was reduced yet)."""
         target = self._part(g)

@@ -10,6 +10,7 @@ from torch import nn
 from .. import _transport
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
+from .._fragments import Fragment, ParamFragments, ParamSpan, attach_owner
 from .._options import check_step_options
 from .._partition import norm_ranges
 from .._protocol import LossScalerProtocol
@@ -27,7 +28,7 @@ from ._subgroups import SubGroups, view_size
 __all__ = ["ZeroStage3Optimizer"]
 
 
-class ZeroStage3Optimizer(LossScaledStep):
+class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     """Wrap a torch optimizer and its model with ZeRO stage 3.
 
     Each param group's trainable parameters share one flat space laid out as in stages 1 and 2; a rank
@@ -118,6 +119,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         # with model parallelism the norm also sums over the model-parallel group (spec section 5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
+        attach_owner((s.param for s in self.params.slots.values()), self)
         release_freed_heap()  # the construction chunks and the move's temporaries (see _heap)
 
     @classmethod
@@ -194,7 +196,7 @@ class ZeroStage3Optimizer(LossScaledStep):
         """Per group, the partition ranges counted in the norm (None: all of it), by the rule of stages
         1 and 2 (``_partition.norm_ranges``)."""
         mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None
-        spans: list[list[tuple[nn.Parameter, int, int]]] = [[] for _ in self.grad_parts]
+        spans: list[list[tuple[nn.Parameter, int, int]]] = [[] for _ in range(len(self.grad_parts))]
         for s in self.params.slots.values():
             spans[s.group].append((s.param, s.start, s.end))
         return [
@@ -207,6 +209,49 @@ class ZeroStage3Optimizer(LossScaledStep):
         if master.data_ptr() != part.data_ptr():
             with torch.no_grad():
                 master[lo:hi].copy_(part[lo:hi])
+
+    # ------------------------------------------------------------------ one parameter (ParamFragments)
+    def _span(self, param: nn.Parameter) -> ParamSpan:
+        slot = self.params.slot(param)
+        if slot is None:
+            raise ZeroConfigError(
+                "this ZeRO-3 optimizer does not train that parameter (frozen, or another model's)"
+            )
+        return ParamSpan(
+            slot.group, self.params.layouts[slot.group], self.rank, slot.start, slot.end, slot.shape
+        )
+
+    def _device(self, span: ParamSpan) -> torch.device:
+        return self.params.compute_devices[span.group]
+
+    def _read_piece(self, span: ParamSpan, what: Fragment, key: str | None) -> torch.Tensor | None:
+        lo, hi = span.local()
+        if what == "fp32":
+            return self.masters[span.group].detach()[lo:hi]
+        if what == "grad":  # zeros when no backward reduced into it since the step, as DeepSpeed's stage 3
+            part = self.grad_parts.get(span.group)
+            return self.masters[span.group].new_zeros(hi - lo) if part is None else part[lo:hi]
+        pieces = self.sub_groups.state_range(self.optimizer, span.group, str(key), lo, hi)
+        return torch.cat([p for p, _, _ in pieces]) if pieces else self.masters[span.group].new_zeros(0)
+
+    def _write_piece(self, span: ParamSpan, what: Fragment, key: str | None, values: torch.Tensor) -> None:
+        lo, hi = span.local()
+        with torch.no_grad():
+            if what == "fp32":
+                self.masters[span.group][lo:hi].copy_(values)
+            elif what == "grad":
+                self.grad_parts.get(span.group, allocate=True)[lo:hi].copy_(values)  # type: ignore[index]
+            else:
+                for piece, a, b in self.sub_groups.state_range(self.optimizer, span.group, str(key), lo, hi):
+                    piece.copy_(values[a - lo : b - lo])
+
+    def _after_full_write(self, param: nn.Parameter, span: ParamSpan, value: torch.Tensor) -> None:
+        """fp32 weights are their own master: a whole copy of the parameter (persistent, gathered) takes the
+        value now. A separate master reaches the weights at the next step, as in DeepSpeed."""
+        slot = self.params.slots[id(param)]
+        if self.masters[span.group].data_ptr() == self.params.parts[span.group].data_ptr():
+            with torch.no_grad():
+                self.params.write_back(slot, value.to(slot.param.dtype).reshape(slot.shape))
 
     # ------------------------------------------------------------------ state
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from .._fragments import state_piece
 from .._options import TESTED_OPTIMIZERS
 
 __all__ = ["STEP_PIECE", "SubGroups", "view_size"]
@@ -69,6 +70,23 @@ class SubGroups:
                 out[key] = torch.cat([s[key] for s in states]) if len(views) > 1 else value
             else:
                 out[key] = value  # scalars (Adam's step) are equal in every sub-group
+        return out
+
+    def state_range(
+        self, optimizer: torch.optim.Optimizer, g: int, key: str, lo: int, hi: int
+    ) -> list[tuple[torch.Tensor, int, int]]:
+        """Elements ``[lo, hi)`` of group ``g``'s element-wise state ``key`` as ``(piece, a, b)``: ``piece``
+        is a view of one sub-group's state tensor holding elements ``[a, b)`` of the partition."""
+        # the key is checked on every rank, holding a piece or not: a rank that raised alone would leave the
+        # others waiting in the collective of a full read
+        state_piece(optimizer.state.get(self.views[g][0], {}), key, 0, 0, "the ZeRO-3 optimizer")
+        out, offset = [], 0
+        for view in self.views[g]:
+            a, b = max(lo, offset), min(hi, offset + view.numel())
+            if a < b:
+                state = optimizer.state.get(view, {})
+                out.append((state_piece(state, key, a - offset, b - offset, "the ZeRO-3 optimizer"), a, b))
+            offset += view.numel()
         return out
 
     def load_state(self, optimizer: torch.optim.Optimizer, g: int, state: dict[str, object]) -> None:
