@@ -153,6 +153,22 @@ def test_save_at_two_ranks_resume_at_this_world_size(engine_losses, resumed, ws)
         assert err <= tol, f"{name} saved at 2 ranks, resumed at {ws}: {after} vs {uninterrupted}"
 
 
+@pytest.mark.skipif(world_size() != 2, reason="the 2-rank session's checkpoints, resumed at 4 ranks")
+def test_two_rank_checkpoints_resume_at_four_ranks(engine_losses, engine_run, tmp_path):
+    """2 -> 4 ranks at every stage and precision of RESUME_CONFIGS: the steps after the resume equal the
+    uninterrupted 2-rank run's (the global batch is the same). CI runs no 4-rank session (its time): this launch
+    is its 4-rank engine run, beside the package suites' 4-rank ZeRO tests and the frameworks' 4-rank resumes;
+    `./dev -s "integration(world_size=4)"` runs the whole file at 4 ranks."""
+    same = [a for name in RESUME_CONFIGS for a in ("--resume", f"{name}:{name}")]
+    launch("engine_parity.py", str(tmp_path / "r4.json"), "--load", str(engine_run["ckpt"]), *same,
+           "--start", "3", "--steps", "3", num_procs=4)  # fmt: skip
+    resumed = _losses(tmp_path / "r4.json")
+    for name in RESUME_CONFIGS:
+        tol = 1e-5 if "fp32" in name else 1e-3
+        err = _max_rel(resumed[f"{name}<-{name}"], engine_losses[name][3:])
+        assert err <= tol, f"{name} saved at 2 ranks, resumed at 4: {err:.2e}"
+
+
 @pytest.mark.parametrize(("saved", "resumed_as"), CROSS_STAGE)
 def test_resume_at_another_stage_and_world_size(engine_losses, resumed, ws, saved, resumed_as):
     # saved at this world size, resumed at 2 ranks (4 -> 2 in the 4-rank session) under the other stage

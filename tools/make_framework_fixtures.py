@@ -33,7 +33,7 @@ COMMAND = "env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/ma
 L_ARGS = ["--devices", "2", "--steps", "6"]
 CASES: list[tuple[str, str, str, list[str], int | None]] = [
     ("trainer", "zero0", "trainer_script.py", ["--stage", "0"], 2),
-    ("trainer", "zero2", "trainer_script.py", ["--stage", "2"], 2),
+    ("trainer", "zero2_offload", "trainer_script.py", ["--stage", "2", "--offload"], 2),
     ("trainer", "zero3", "trainer_script.py", ["--stage", "3", "--save"], 2),
     ("accelerate", "zero0", "accelerate_script.py", ["--stage", "0"], 2),
     ("accelerate", "zero2", "accelerate_script.py", ["--stage", "2"], 2),
@@ -43,9 +43,9 @@ CASES: list[tuple[str, str, str, list[str], int | None]] = [
     ("lightning", "lightning_zero3", "lightning_script.py", ["--stage", "3", *L_ARGS], None),
     (
         "lightning",
-        "lightning_zero2_bf16",
+        "lightning_zero1_bf16",
         "lightning_script.py",
-        ["--stage", "2", *L_ARGS, "--precision", "bf16-mixed"],
+        ["--stage", "1", *L_ARGS, "--precision", "bf16-mixed"],
         None,
     ),
 ]
@@ -63,10 +63,16 @@ def run_self_launching(script: str, args: list[str], cwd: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def record(framework: str, out_root: Path) -> dict:
+def record(framework: str, out_root: Path, only: list[str], kept: dict) -> dict:
+    """Run ``framework``'s cases (those named in ``only``, if any, keeping ``kept``'s record of the others)."""
     cases = {}
     for fw, name, script, args, nproc in CASES:
         if fw != framework:
+            continue
+        if only and name not in only:
+            if name not in kept:
+                sys.exit(f"{framework} {name}: not recorded yet; run it too (--only {name})")
+            cases[name] = kept[name]
             continue
         out = out_root / f"{fw}-{name}"
         if nproc is None:
@@ -80,6 +86,9 @@ def record(framework: str, out_root: Path) -> dict:
         saved = weights(records)
         if saved is not None:
             case["weights"] = saved
+        built = [r["optimizer"] for r in records if "optimizer" in r]
+        if built:
+            case["optimizer"] = built[-1]
         cases[name] = case
         print(f"{fw} {name}: {case['losses']}", flush=True)
     return {
@@ -96,6 +105,7 @@ def main() -> None:
     frameworks = sorted({c[0] for c in CASES})
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("framework", nargs="*", help=f"any of {frameworks} (default: all)")
+    p.add_argument("--only", action="append", default=[], help="re-record only this case (repeatable)")
     args = p.parse_args()
     unknown = sorted(set(args.framework) - set(frameworks))
     if unknown:
@@ -108,8 +118,9 @@ def main() -> None:
         sys.exit("this is ds's deepspeed package; run with the real DeepSpeed 0.19.8 and no ds on PYTHONPATH")
     with tempfile.TemporaryDirectory() as tmp:
         for framework in args.framework or frameworks:
-            data = record(framework, Path(tmp))
             path = ROOT / "integration" / "frameworks" / "fixtures" / f"{framework}.json"
+            kept = json.loads(path.read_text())["cases"] if args.only and path.exists() else {}
+            data = record(framework, Path(tmp), args.only, kept)
             path.write_text(json.dumps(data, indent=1) + "\n")
             print(f"wrote {path}")
 

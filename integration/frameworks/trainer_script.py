@@ -68,6 +68,7 @@ def main() -> None:
     )
     p.add_argument("--width", type=int, default=32, help="n_embd (the benchmark uses a larger one)")
     p.add_argument("--layers", type=int, default=2, help="n_layer")
+    p.add_argument("--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)")
     args = p.parse_args()
     ds_config = {
         "train_micro_batch_size_per_gpu": "auto",
@@ -76,6 +77,10 @@ def main() -> None:
         "zero_optimization": {"stage": args.stage, "stage3_gather_16bit_weights_on_model_save": True},
         "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}},
     }
+    if args.offload:
+        ds_config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
+        if args.stage == 3:
+            ds_config["zero_optimization"]["offload_param"] = {"device": "cpu"}
     training_args = TrainingArguments(
         output_dir=args.out,
         per_device_train_batch_size=args.batch,
@@ -109,6 +114,8 @@ def main() -> None:
             tensors = load_file(final / "model.safetensors")
             print(json.dumps({"weights": {k: v.double().sum().item() for k, v in sorted(tensors.items())}}))
     if trainer.is_world_process_zero():
+        if not args.ddp:  # the optimizer the engine built from the config (a CPU Adam under offload)
+            print(json.dumps({"optimizer": type(trainer.model_wrapped.basic_optimizer).__name__}), flush=True)
         print(json.dumps({"step_seconds": timer.seconds}), flush=True)
 
 
