@@ -2,7 +2,7 @@
 
 Step losses equal DeepSpeed 0.19.8's (fixtures/lightning.json, recorded by tools/make_framework_fixtures.py);
 Lightning checkpoints (ModelCheckpoint, ``trainer.save_checkpoint``) resume to the same losses as an
-uninterrupted run, also at 1 and 4 ranks from a 2-rank checkpoint (beyond DeepSpeed: ds reshards), and the
+uninterrupted run at 1 and 4 ranks from a 2-rank checkpoint (beyond DeepSpeed: ds reshards), and the
 files hold no pickle. Each launched run is shared through module-scoped fixtures (a Lightning run costs
 seconds of imports per rank).
 """
@@ -66,10 +66,12 @@ def test_zero3_losses_equal_deepspeeds(zero3_run: tuple[dict, Path]) -> None:
     assert_close(result["losses"], FIXTURE["lightning_zero3"]["losses"], "ZeRO-3 ds vs DeepSpeed 0.19.8")
 
 
-@pytest.mark.parametrize("devices", [2, 1, 4])
+@pytest.mark.parametrize("devices", [1, 4])
 def test_resume_continues_identically(devices: int, zero3_run: tuple[dict, Path]) -> None:
-    """Resume (``ckpt_path=``) the 2-rank ModelCheckpoint at 2, 1 and 4 ranks: the losses after resuming equal
-    the uninterrupted run's (DeepSpeed itself cannot load a ZeRO checkpoint at another rank count)."""
+    """Resume (``ckpt_path=``) the 2-rank ModelCheckpoint at 1 and 4 ranks: the losses after resuming equal
+    the uninterrupted run's (DeepSpeed itself cannot load a ZeRO checkpoint at another rank count). Lightning
+    takes the same load path at any rank count; the same-size resume is the Trainer's and Accelerate's test
+    (CI time)."""
     full, d = zero3_run
     ckpt = d / "ckpts" / f"epoch=0-step={CKPT_STEP}.ckpt"
     assert ckpt.is_dir(), sorted(p.name for p in (d / "ckpts").iterdir())

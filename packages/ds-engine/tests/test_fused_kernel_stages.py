@@ -17,9 +17,16 @@ def _net() -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
 
 
-def _both(rank: int, world: int, stage: int) -> list[dict]:
-    """The default (kernel left to torch) and an explicit foreach=True, in one pair of processes."""
-    return [_train(rank, world, stage, {}), _train(rank, world, stage, {"foreach": True})]
+STAGES = [0, 1, 2, 3]
+
+
+def _every_stage(rank: int, world: int) -> dict[int, list[dict]]:
+    """Per stage, the default (kernel left to torch) and an explicit foreach=True, all in one pair of processes
+    (spawning is the expensive part)."""
+    return {
+        stage: [_train(rank, world, stage, {}), _train(rank, world, stage, {"foreach": True})]
+        for stage in STAGES
+    }
 
 
 def _train(rank: int, world: int, stage: int, kernel: dict) -> dict:
@@ -60,9 +67,14 @@ def _run(rank: int, world: int, stage: int, kernel: dict, calls: list[int]) -> d
     }
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
-def test_client_adamw_steps_on_the_fused_kernel(stage):
-    for default, explicit in spawn(_both, 2, stage):
+@pytest.fixture(scope="module")
+def runs() -> list[dict[int, list[dict]]]:
+    return spawn(_every_stage, 2)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_client_adamw_steps_on_the_fused_kernel(runs, stage):
+    for default, explicit in (by_stage[stage] for by_stage in runs):
         assert default["fused_flag"] is True
         assert default["calls"] == 4, "one fused AdamW call per optimizer step"
         assert explicit["fused_flag"] is None and explicit["calls"] == 0, "foreach=True is kept"

@@ -184,20 +184,6 @@ def max_diff(model: nn.Module, ref: dict[str, torch.Tensor]) -> float:
     return max(float((v.float() - ref[k].float()).abs().max()) for k, v in model.state_dict().items())
 
 
-def run_configs(rank: int, world: int, configs: list[dict]) -> dict[str, float]:
-    """Train every configuration; return the max weight difference from the single-process reference."""
-    data = make_data(world)
-    out = {}
-    for cfg in configs:
-        ref = reference(cfg, world, data)
-        if cfg["stage"] == 0:
-            model = train_stage0(rank, cfg, data)
-        else:
-            model, _ = train_zero(rank, cfg, data)
-        out[cfg["name"]] = max_diff(model, ref)
-    return out
-
-
 def memory_check(rank: int, world: int) -> list[dict]:
     """Optimizer-state bytes against the ZeRO formula on a model big enough that scalars are noise."""
     results = []

@@ -1,14 +1,18 @@
 """Multi-process tests (gloo, world sizes 1, 2, 4): every configuration matches single-process training.
 
 Spawning is the expensive part, so each world size is one spawn that runs the whole configuration
-list plus the memory, overflow and checkpoint checks.
+list plus the memory, overflow and checkpoint checks. The ranks share this host, so ZeRO's collectives take
+the shared-memory transport (``ds_zero._shm``, the default): these runs are also its parity runs, against a
+torch.distributed baseline at 2 ranks (test_zero_shm.py checks each collective on its own).
 """
 
 from __future__ import annotations
 
+import _parity
 import _workers as w
 import pytest
 import torch
+from ds_zero import _transport, shm_collective_calls
 from rank_testing import spawn
 
 FP32_TOL = 2e-6
@@ -18,7 +22,7 @@ ROUNDTRIP_CFG = {"stage": 2, "reduce_bucket_size": 30, "clip": 0.1, "scaler": Tr
 def _world2_main(rank: int, world: int) -> dict:
     return w.portable(
         {
-            "configs": w.run_configs(rank, world, w.CONFIGS),
+            "configs": _parity.run_all(rank, world, shm_collective_calls),
             "memory": w.memory_check(rank, world),
             "overflow": w.overflow_check(rank, world),
             "saved": w.save_state(rank, world, ROUNDTRIP_CFG),
@@ -32,7 +36,7 @@ def _other_world_main(rank: int, world: int, saved: dict, full: dict) -> dict:
     saved, full = w.as_tensors(saved), w.as_tensors(full)
     return w.portable(
         {
-            "configs": w.run_configs(rank, world, w.CONFIGS),
+            "configs": _parity.run_all(rank, world, shm_collective_calls),
             "memory": w.memory_check(rank, world),
             "loaded": w.load_state(rank, world, ROUNDTRIP_CFG, saved, full),
         }
@@ -68,8 +72,24 @@ def _results(world2, other_worlds, world_size: int) -> list[dict]:
 @pytest.mark.parametrize("cfg", w.CONFIGS, ids=[c["name"] for c in w.CONFIGS])
 def test_matches_single_process(world2, other_worlds, world_size, cfg):
     for rank, result in enumerate(_results(world2, other_worlds, world_size)):
-        diff = result["configs"][cfg["name"]]
+        diff = result["configs"][cfg["name"]]["diff"]
         assert diff <= cfg.get("tol", FP32_TOL), f"rank {rank}: max weight difference {diff}"
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_shared_memory_carried_every_configuration(world2, other_worlds, world_size):
+    """Every configuration (and stage 3's check) went over shared memory; every rank holds the same bits."""
+    _parity.check([r["configs"] for r in _results(world2, other_worlds, world_size)], lambda _: True, "shm")
+
+
+def _baseline_main(rank: int, world: int) -> dict:
+    return _parity.run_all(rank, world, shm_collective_calls, baseline=True)
+
+
+def test_shared_memory_and_gloo_train_identical_weights_at_two_ranks(world2):
+    gloo = spawn(_baseline_main, 2, timeout_s=600, env={_transport.ENV: "torch"})[0]
+    assert all(r["calls"] == 0 for r in gloo.values()), f"{_transport.ENV}=torch still used shared memory"
+    assert _parity.same_weights(world2[0]["configs"], gloo)
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
