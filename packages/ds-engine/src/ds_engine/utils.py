@@ -10,41 +10,11 @@ import json
 import logging
 from typing import Any
 
-from ds_engine import comm
+from ds_engine import _safe_get, comm
 from ds_engine._data import RepeatingLoader
-from ds_engine._safe_get import (
-    safe_get_full_fp32_param,
-    safe_get_full_grad,
-    safe_get_full_optimizer_state,
-    safe_get_local_fp32_param,
-    safe_get_local_grad,
-    safe_get_local_optimizer_state,
-    safe_set_full_fp32_param,
-    safe_set_full_grad,
-    safe_set_full_optimizer_state,
-    safe_set_local_fp32_param,
-    safe_set_local_grad,
-    safe_set_local_optimizer_state,
-)
+from ds_engine._safe_get import *  # noqa: F403 (the safe_get_* / safe_set_* family, listed in its __all__)
 
-__all__ = [
-    "RepeatingLoader",
-    "log_dist",
-    "logger",
-    "print_json_dist",
-    "safe_get_full_fp32_param",
-    "safe_get_full_grad",
-    "safe_get_full_optimizer_state",
-    "safe_get_local_fp32_param",
-    "safe_get_local_grad",
-    "safe_get_local_optimizer_state",
-    "safe_set_full_fp32_param",
-    "safe_set_full_grad",
-    "safe_set_full_optimizer_state",
-    "safe_set_local_fp32_param",
-    "safe_set_local_grad",
-    "safe_set_local_optimizer_state",
-]
+__all__ = ["RepeatingLoader", "log_dist", "logger", "print_json_dist", *_safe_get.__all__]
 
 logger = logging.getLogger("ds_engine")
 
