@@ -2,7 +2,7 @@
 
 Against DeepSpeed 0.19.8's run of the same script (fixtures/accelerate.json, recorded by
 tools/make_framework_fixtures.py): step losses and ``get_state_dict`` weights at ZeRO 0, 2 and 3. Beyond
-DeepSpeed: a 2-rank ``save_state`` resumes (``load_state``) identically at 2, 1 and 4 ranks (the global
+DeepSpeed: a 2-rank ZeRO-3 ``save_state`` resumes (``load_state``) identically at 1 and 4 ranks (the global
 batch kept at 4), and the checkpoint files ds writes hold no pickle.
 """
 
@@ -90,11 +90,11 @@ def test_save_state_files_ds_writes_hold_no_pickle(runs, case):
             assert all(isinstance(t, torch.Tensor) for t in load_file(path).values())
 
 
-@pytest.mark.parametrize(("case", "nproc"), [("zero0", 2), ("zero2", 2), ("zero3", 1), ("zero3", 4)])
+@pytest.mark.parametrize(("case", "nproc"), [("zero3", 1), ("zero3", 4)])
 def test_load_state_resumes_identically_at_any_world_size(runs, case, nproc, tmp_path):
     """The 2-rank state saved after step 2, loaded at ``nproc`` ranks, gives the uninterrupted run's losses
-    for steps 3 and 4. DeepSpeed itself loads a ZeRO checkpoint only at the world size that saved it. (ZeRO-3
-    at 2 ranks is the Trainer's and Lightning's resume test; here it reshards, CI time.)"""
+    for steps 3 and 4. DeepSpeed itself loads a ZeRO checkpoint only at the world size that saved it. The
+    same-size resume is the Trainer's test (the Trainer resumes through Accelerate's DeepSpeed code; CI time)."""
     records, out = runs(case)
     resumed = _run(
         *FIXTURE["cases"][case]["args"],
