@@ -77,7 +77,9 @@ def record(framework: str, out_root: Path, only: list[str], kept: dict) -> dict:
         out = out_root / f"{fw}-{name}"
         if nproc is None:
             out.mkdir(parents=True)
-            case = {"script": script, "args": args, **run_self_launching(script, args, out)}
+            result = run_self_launching(script, args, out)
+            result.pop("step_seconds", None)  # timing, not a property of the run to compare
+            case = {"script": script, "args": args, **result}
             cases[name] = case
             print(f"{fw} {name}: {case['losses']}", flush=True)
             continue
