@@ -25,7 +25,13 @@ __all__ = [
     "rank_ends",
     "first_failure",
     "report",
+    "process_report",
+    "PEER_LOST_FIRST",
 ]
+
+# How report() words a first failure that only lost a peer: a host whose ranks all failed that way is
+# named after one whose rank failed on its own (process_report).
+PEER_LOST_FIRST = ", after losing a peer: the first rank to fail."
 
 
 def describe_exit(returncode: int) -> str:
@@ -163,7 +169,10 @@ def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) 
         return []
     if first.config_error is not None:
         return _config_errors(ends, first)
-    lines = [f"rank {first.rank} {first.how}: the first rank to fail."]
+    lines = [
+        f"rank {first.rank} {first.how}"
+        + (PEER_LOST_FIRST if first.peer_lost else ": the first rank to fail.")
+    ]
     tail = tail_of(first.rank)
     if tail:
         lines.append(f"The last lines rank {first.rank} wrote to stderr:")
@@ -222,3 +231,33 @@ def _shorten(text: str, limit: int = 160) -> str:
 def _short(end: RankEnd) -> str:
     how = end.how.split(" (", 1)[0] if end.traceback else end.how
     return how + (", after losing a peer" if end.peer_lost else "")
+
+
+def process_report(
+    ended: Sequence[tuple[str, ProcessExit]], tails: Mapping[str, list[str]], stop_t_ns: int | None
+) -> list[str]:
+    """Lines for a job whose children each launched the ranks of one host (``host h1 (ranks 0-1)``):
+    the host that failed first with the last lines it wrote to stderr (its own launcher's report of its
+    ranks ends there), then the others that failed, then those ds-launch stopped.
+
+    Hosts are ordered by when they ended, except that one whose report says its first rank only lost a
+    peer comes after any whose rank failed on its own (its peers' hosts can end first)."""
+    failed = [(n, e) for n, e in ended if e.returncode != 0 and (stop_t_ns is None or e.t_ns < stop_t_ns)]
+    if not failed:
+        return []
+    failed.sort(key=lambda ne: (any(PEER_LOST_FIRST in ln for ln in tails.get(ne[0], ())), ne[1].t_ns))
+    name, first = failed[0]
+    lines = [f"{name} {describe_exit(first.returncode)}: the first host to fail."]
+    tail = tails.get(name) or []
+    lines.append(f"The last lines {name} wrote to stderr:" if tail else f"{name} wrote nothing to stderr.")
+    lines += [f"  | {ln}" for ln in tail]
+    if failed[1:]:
+        lines.append("Then: " + "; ".join(f"{n} {describe_exit(e.returncode)}" for n, e in failed[1:]) + ".")
+    stopped = [(n, e) for n, e in ended if (n, e) not in failed and e.returncode != 0]
+    if stopped:
+        lines.append(
+            "Stopped by ds-launch because of it: "
+            + ", ".join(f"{n} ({describe_exit(e.returncode)})" for n, e in stopped)
+            + "."
+        )
+    return lines

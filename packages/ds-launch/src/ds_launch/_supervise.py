@@ -26,12 +26,13 @@ from ._report import (
     describe_exit,
     first_failure,
     mpi_runtime_signals,
+    process_report,
     rank_ends,
     read_events,
     report,
 )
 
-__all__ = ["ChildSpec", "Job", "run_supervised", "describe_exit", "POLL_INTERVAL_S"]
+__all__ = ["ChildSpec", "Job", "run_supervised", "describe_exit", "die_with_parent", "POLL_INTERVAL_S"]
 
 POLL_INTERVAL_S = 0.05
 EXIT_TIMEOUT = 124  # what coreutils `timeout` returns, so scripts can tell a timeout from a crash
@@ -53,11 +54,16 @@ class ChildSpec:
 
 @dataclass(frozen=True)
 class Job:
-    """What the launcher needs to report on the ranks: how many, and where they record their end."""
+    """What the launcher needs to report on the ranks: how many, and where they record their end.
+
+    ``ranks``: the ranks this launcher started when it runs one host's share of a larger world (the
+    others are reported by their own hosts); empty: all of them. A world size of 0 means the children
+    are not ranks but launchers of ranks, one per host: the report names the processes."""
 
     world_size: int
     events_dir: Path
     tag_output: bool = False
+    ranks: tuple[int, ...] = ()
 
 
 def _exit_code(returncode: int) -> int:
@@ -71,6 +77,16 @@ def _die_with_launcher(launcher_pid: int) -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != launcher_pid:  # the launcher died before prctl took effect
         os._exit(1)
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send ``sig`` to this process when its parent dies (a remote shell's session
+    ending): the launcher then stops its ranks as for a SIGTERM to it. Exits at once if the parent is
+    already gone."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+    if os.getppid() == 1:
+        sys.exit(128 + sig)
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
@@ -234,6 +250,12 @@ def _report_failure(
     specs: Sequence[ChildSpec], job: Job, watch: _Watch, output: OutputForwarder, fallback_code: int
 ) -> int:
     """Print which rank failed first and what followed; return that rank's exit code."""
+    if job.world_size == 0:  # one launcher per host: name the hosts
+        tail_lines = {spec.name: output.tail(spec.name) for spec in specs}
+        ended = [(spec.name, watch.seen[i]) for i, spec in enumerate(specs) if i in watch.seen]
+        for line in process_report(ended, tail_lines, watch.stop_t_ns):
+            _print_log(line)
+        return fallback_code
     exits = {
         spec.rank: watch.seen[i] for i, spec in enumerate(specs) if spec.rank is not None and i in watch.seen
     }
@@ -244,6 +266,8 @@ def _report_failure(
     ends = rank_ends(
         job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, True, said, watch.kill_t_ns
     )
+    if job.ranks:
+        ends = [end for end in ends if end.rank in job.ranks]
     names = {spec.rank: spec.name for spec in specs if spec.rank is not None}
     # Under mpirun the ranks' stderr reaches the launcher merged: no tail per rank (None).
     for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None):

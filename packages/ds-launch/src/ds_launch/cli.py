@@ -1,10 +1,12 @@
-"""``ds-launch``: DeepSpeed's runner options; ranks spawned here on one host, through mpirun across hosts."""
+"""``ds-launch``: DeepSpeed's runner options; ranks spawned here on one host, across hosts through a remote
+shell (ssh, pdsh) or mpirun."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,12 +18,24 @@ from ._exports import EnvFileError, exported_environment
 from ._hostfile import HostfileError, parse_hostfile, select_resources
 from ._mpirun import MpirunNotFound, build_mpirun_command, find_mpirun
 from ._rank_entry import EVENTS_DIR_ENV
-from ._supervise import ChildSpec, Job, run_supervised
+from ._ssh import (
+    RemoteShellError,
+    decode_world_info,
+    encode_world_info,
+    first_address,
+    host_specs,
+    node_launcher_argv,
+    pdsh_command,
+    remote_command,
+    remote_shell,
+)
+from ._supervise import ChildSpec, Job, die_with_parent, run_supervised
 
 __all__ = ["main", "build_parser", "local_rank_specs", "program_argv"]
 
 DEFAULT_HOSTFILE = "/job/hostfile"
-LAUNCHERS = ("local", "mpi")
+LAUNCHERS = ("local", "mpi", "ssh", "pdsh")
+DEFAULT_REMOTE_MASTER_PORT = 29500  # DeepSpeed's; across hosts no one host can pick a free port for all
 _LAUNCHER_ALIASES = {"openmpi": "mpi"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
@@ -54,10 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
         type=str.lower,
         default=None,
         choices=[*LAUNCHERS, *_LAUNCHER_ALIASES],
-        help="local: spawn ranks here (one host only); mpi: run mpirun (default: mpi with >1 host)",
+        help="local: spawn ranks here (one host only); ssh: a node launcher per host over --ssh_cmd; "
+        "pdsh: the same through pdsh; mpi: run mpirun (default: mpi with >1 host)",
     )
-    p.add_argument("--launcher_args", default="", help="extra mpirun arguments, split like a shell would")
+    p.add_argument(
+        "--launcher_args", default="", help="extra mpirun (or pdsh) arguments, split like a shell would"
+    )
+    p.add_argument(
+        "--ssh_cmd",
+        default="",
+        help="ssh/pdsh launchers: the remote shell, called as '<it> HOST COMMAND' (default: $DS_LAUNCH_SSH, "
+        "else 'ssh -o BatchMode=yes'); e.g. 'ssh -p 2222'",
+    )
+    p.add_argument(
+        "--venv_script", default="", help="ssh/pdsh launchers: a script each host sources before the job"
+    )
     p.add_argument("--module", action="store_true", help="run user_script as a module (python -m)")
+    p.add_argument(
+        "--no_python", action="store_true", help="run user_script itself (an executable), not with python"
+    )
     p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank=<i> to the script")
     p.add_argument(
         "--timeout", type=float, default=0.0, help="stop the whole job after this many seconds (0: never)"
@@ -70,6 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="prefix each line a rank writes with '[rank N] ' (mpi launcher: mpirun's --tag-output)",
     )
+    # How the ssh/pdsh launchers start each host's ranks (DeepSpeed's launch.py takes the same two).
+    p.add_argument("--world_info", default="", help=argparse.SUPPRESS)
+    p.add_argument("--node_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    p.add_argument("--node_host", default="", help=argparse.SUPPRESS)
     p.add_argument("user_script", help="the training script (or module with --module)")
     p.add_argument("user_args", nargs=argparse.REMAINDER, help="arguments for the script")
     return p
@@ -97,6 +130,10 @@ def _resources(args: argparse.Namespace, gpu_ids: list[str]) -> tuple[dict[str, 
 def program_argv(args: argparse.Namespace) -> list[str]:
     """How each rank starts the user's code: as ``python script`` (or ``python -m module``) would,
     through ``_rank_entry``, which line-buffers its output and records how it ends."""
+    if args.no_python:
+        if args.module:
+            raise HostfileError("--no_python and --module cannot be used together (as in DeepSpeed)")
+        return [args.user_script]  # no rank record then: the report has the exit status only
     entry = str(Path(__file__).with_name("_rank_entry.py"))
     return [sys.executable, entry, *(["-m"] if args.module else []), args.user_script]
 
@@ -117,21 +154,27 @@ def local_rank_specs(
     pass_local_rank: bool = True,
     gpu_ids: Sequence[str] = (),
     events_dir: str = "",
+    node: tuple[int, int, int, int] = (0, 1, 0, 0),
 ) -> list[ChildSpec]:
-    """One rank per slot on this host, with the environment of DeepSpeed's launch.py and torchrun."""
-    world_size = len(slots)
+    """One rank per slot on this host, with the environment of DeepSpeed's launch.py and torchrun.
+
+    ``node`` is (this host's index, number of hosts, its first global rank, world size; 0: this
+    host's ranks alone), given by the layout the ssh launchers pass to every host."""
+    node_rank, num_nodes, first_rank, world_size = node
+    world_size = world_size or len(slots)
     specs = []
-    for rank, _slot in enumerate(slots):
+    for local_rank, _slot in enumerate(slots):
+        rank = first_rank + local_rank
         env = dict(base_env)
         env.update(
             RANK=str(rank),
-            LOCAL_RANK=str(rank),
+            LOCAL_RANK=str(local_rank),
             WORLD_SIZE=str(world_size),
-            LOCAL_WORLD_SIZE=str(world_size),
-            LOCAL_SIZE=str(world_size),
-            CROSS_RANK="0",
-            CROSS_SIZE="1",
-            GROUP_RANK="0",
+            LOCAL_WORLD_SIZE=str(len(slots)),
+            LOCAL_SIZE=str(len(slots)),
+            CROSS_RANK=str(node_rank),
+            CROSS_SIZE=str(num_nodes),
+            GROUP_RANK=str(node_rank),
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
         )
@@ -141,7 +184,7 @@ def local_rank_specs(
             # Every rank sees the host's selected GPUs and picks cuda:LOCAL_RANK, as with launch.py;
             # more ranks than GPUs share them round-robin instead.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[s] for s in slots)
-        local_rank_arg = [f"--local_rank={rank}"] if pass_local_rank else []
+        local_rank_arg = [f"--local_rank={local_rank}"] if pass_local_rank else []
         specs.append(ChildSpec(f"rank {rank}", [*program, *local_rank_arg, *user_args], env, rank))
     return specs
 
@@ -152,7 +195,7 @@ def _launch_local(
     ((host, slots),) = active.items()
     if host not in _LOCAL_HOSTS and host != socket.gethostname():
         raise HostfileError(
-            f"The local launcher runs ranks on this machine only, not on '{host}'; use --launcher mpi"
+            f"The local launcher runs ranks on this machine only, not on '{host}'; use --launcher ssh or mpi"
         )
     port = args.master_port or _free_port()
     specs = local_rank_specs(
@@ -168,6 +211,87 @@ def _launch_local(
     )
     job = Job(len(specs), Path(events_dir), args.tag_output)
     return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
+
+
+def _launch_node(args: argparse.Namespace, gpu_ids: list[str], events_dir: str) -> int:
+    """This host's share of a job laid out by ``--world_info`` (started by the ssh/pdsh launchers, or
+    by hand on each host): its ranks get their global numbers; they stop when the remote shell goes."""
+    world = decode_world_info(args.world_info)
+    hosts = list(world)
+    if args.node_host:
+        if args.node_host not in world:
+            raise HostfileError(f"--node_host {args.node_host!r} is not one of the job's hosts {hosts}")
+        node_rank = hosts.index(args.node_host)
+    elif 0 <= args.node_rank < len(hosts):
+        node_rank = args.node_rank
+    else:
+        raise HostfileError(
+            f"--node_rank must be in [0, {len(hosts)}) for the hosts {hosts}, got {args.node_rank}"
+        )
+    if not args.master_addr or not args.master_port:
+        raise HostfileError("a node of a multi-host job needs --master_addr and --master_port")
+    die_with_parent()  # a lost connection (or ds-launch stopping this host) stops these ranks
+    first_rank = sum(len(world[h]) for h in hosts[:node_rank])
+    slots = world[hosts[node_rank]]
+    world_size = sum(len(s) for s in world.values())
+    specs = local_rank_specs(
+        slots,
+        program_argv(args),
+        args.user_args,
+        os.environ,
+        args.master_addr,
+        args.master_port,
+        pass_local_rank=not args.no_local_rank,
+        gpu_ids=gpu_ids,
+        events_dir=events_dir,
+        node=(node_rank, len(hosts), first_rank, world_size),
+    )
+    job = Job(world_size, Path(events_dir), args.tag_output, ranks=tuple(s.rank for s in specs))
+    return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
+
+
+def _node_flags(args: argparse.Namespace) -> list[str]:
+    """The options each host's node launcher repeats from this one."""
+    flags = [f"--grace={args.grace}"]
+    for name in ("module", "no_python", "no_local_rank", "tag_output"):
+        if getattr(args, name):
+            flags.append(f"--{name}")
+    return flags
+
+
+def _launch_remote(args: argparse.Namespace, active: dict[str, list[int]], launcher: str) -> int:
+    """ssh: one node launcher per host over the remote shell, each supervised (a host that fails stops the
+    others); pdsh: the same node launchers through one pdsh, which ends when all of them have."""
+    rsh = remote_shell(args.ssh_cmd, os.environ)
+    if launcher == "pdsh" and shutil.which("pdsh") is None:
+        raise RemoteShellError(
+            "launcher 'pdsh' not installed (apt install pdsh); --launcher ssh needs only ssh"
+        )
+    master_addr = args.master_addr or first_address(rsh, next(iter(active)))
+    master_port = args.master_port or DEFAULT_REMOTE_MASTER_PORT
+    exports = exported_environment(os.environ, Path.cwd())
+    program_argv(args)  # its errors (--no_python with --module) here, before any host is reached
+    world_info, program = encode_world_info(active), [args.user_script, *args.user_args]
+    flags = _node_flags(args)
+
+    def command_for(node: str) -> str:
+        argv = node_launcher_argv(world_info, node, master_addr, master_port, flags, program)
+        return remote_command(argv, exports, Path.cwd(), args.venv_script)
+
+    world_size = sum(len(slots) for slots in active.values())
+    print(
+        f"ds-launch: {world_size} ranks on {len(active)} host(s) over '{shlex.join(rsh)}'"
+        f"{' through pdsh' if launcher == 'pdsh' else ''}, rendezvous at {master_addr}:{master_port}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if launcher == "pdsh":
+        cmd = pdsh_command(rsh, list(active), command_for("--node_host=%h"), shlex.split(args.launcher_args))
+        specs = [ChildSpec("pdsh", cmd, dict(os.environ))]
+    else:
+        specs = host_specs(rsh, active, lambda node_rank: command_for(f"--node_rank={node_rank}"))
+    # ranks are counted on their own hosts; this level reports on the hosts (world size 0)
+    return run_supervised(specs, Job(0, Path("/nonexistent")), args.timeout or None, args.grace)
 
 
 def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_dir: str) -> int:
@@ -205,19 +329,24 @@ def run(argv: Sequence[str] | None = None) -> int:
     launcher = _LAUNCHER_ALIASES.get(args.launcher, args.launcher)
     try:
         gpu_ids = _visible_gpu_ids(os.environ)
+        if args.world_info:  # one host's share of a job whose layout is given
+            with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
+                return _launch_node(args, gpu_ids, events_dir)
         active, _ = _resources(args, gpu_ids)
         launcher = launcher or ("mpi" if len(active) > 1 else "local")
+        if launcher in ("ssh", "pdsh"):
+            return _launch_remote(args, active, launcher)
         if launcher == "local":
             if len(active) > 1:
                 raise HostfileError(
                     f"The local launcher runs on one host, but {len(active)} are selected ({', '.join(active)}); "
-                    "use --launcher mpi"
+                    "use --launcher ssh or mpi"
                 )
             with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
                 return _launch_local(args, active, gpu_ids, events_dir)
         with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
             return _launch_mpi(args, active, events_dir)
-    except (HostfileError, EnvFileError, MpirunNotFound) as exc:
+    except (HostfileError, EnvFileError, MpirunNotFound, RemoteShellError) as exc:
         parser.error(str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"ds-launch: could not start the job: {exc}", file=sys.stderr)
