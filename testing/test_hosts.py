@@ -30,6 +30,20 @@ def test_each_host_has_its_own_hostname_shm_and_address(cluster):
     assert _sh(cluster, "node0", "cat /dev/shm/dsth_probe").stdout == "mine\n"
     assert _sh(cluster, "node1", "cat /dev/shm/dsth_probe").returncode != 0
     assert not Path("/dev/shm/dsth_probe").exists()  # nor on the machine itself
+    (cluster.shared / "note").write_text("seen everywhere")
+    assert _sh(cluster, "node2", f"cat {cluster.shared}/note").stdout == "seen everywhere"
+
+
+def test_private_tmp():
+    require_hosts()
+    with Cluster(2, private_tmp=True) as c:
+        _sh(c, "node0", "echo mine > /tmp/dsth_probe")
+        assert _sh(c, "node0", "cat /tmp/dsth_probe").stdout == "mine\n"
+        assert _sh(c, "node1", "cat /tmp/dsth_probe").returncode != 0
+        assert (
+            subprocess.run([str(c.ssh), "node1", "hostname"], capture_output=True, text=True).stdout
+            == "node1\n"
+        )
 
 
 def test_hosts_reach_each_other_by_name_over_their_own_link(cluster):

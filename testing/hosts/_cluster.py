@@ -26,6 +26,7 @@ set -e
 hostname "$1"
 mount -t tmpfs -o mode=1777 shm /dev/shm
 if [ -n "$2" ]; then mount --bind "$2" /etc/hosts; fi
+if [ "$4" = private ]; then mount -t tmpfs -o mode=1777 tmp /tmp; fi
 echo $$ > "$3.tmp"
 mv "$3.tmp" "$3"
 exec sleep infinity
@@ -63,7 +64,9 @@ class Cluster:
     ``etc_hosts`` decides what each host's /etc/hosts says: ``"all"`` (every host's name -> its address, as a
     cluster with working DNS), ``"none"`` (only localhost: no host's name resolves anywhere, its own included),
     ``"self-loopback"`` (a host's own name -> 127.0.1.1, as Debian writes it; the others unresolvable), or a
-    mapping host name -> file text. ``login_env`` is what a login on each host starts with (see
+    mapping host name -> file text. ``private_tmp=True`` gives each host its own empty /tmp (as separate machines
+    have; then only ``cluster.shared``, a folder every host sees as a cluster's shared home, is common to
+    them). ``login_env`` is what a login on each host starts with (see
     :func:`hosts._agent.default_login_env`). Close it (or use ``with``) to tear everything down; a reaper
     process does it if this process dies first, and the next run sweeps anything a reaper missed.
     """
@@ -75,6 +78,7 @@ class Cluster:
         etc_hosts: str | Mapping[str, str] = "all",
         login_env: Mapping[str, str] | None = None,
         names: Sequence[str] | None = None,
+        private_tmp: bool = False,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -86,6 +90,9 @@ class Cluster:
         self.state.mkdir(parents=True)
         (self.state / _netns.OWNER_FILE).write_text(json.dumps(_netns.owner_record()))
         self._closed = False
+        self._private_tmp = private_tmp
+        self.shared = self.state / "shared"  # seen by every host, as a shared home on a cluster
+        self.shared.mkdir()
         self._holders: list[subprocess.Popen] = []
         try:
             self._start_reaper()
@@ -144,6 +151,7 @@ class Cluster:
             hosts_file = str(folder / "etc_hosts")
         write_env(folder / "env.sh", login_env)
         pidfile = folder / "pid"
+        tmp = "private" if self._private_tmp else "shared"
         holder = subprocess.Popen(
             [
                 "ip",
@@ -162,7 +170,8 @@ class Cluster:
                 host.name,
                 hosts_file,
                 str(pidfile),
-            ],
+                tmp,
+            ],  # fmt: skip
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

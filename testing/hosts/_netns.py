@@ -1,6 +1,7 @@
 """The namespace plumbing under :class:`hosts.Cluster`: one run's state folder, its namespaces and their teardown.
 
-A run owns ``<root>/<prefix>/`` (``root`` is ``$DS_TEST_HOSTS_DIR`` or ``/tmp/ds-test-hosts``) and every network
+A run owns ``<root>/<prefix>/`` (``root`` is ``$DS_TEST_HOSTS_DIR`` or ``/var/tmp/ds-test-hosts``, outside /tmp so that
+with a private /tmp still see it) and every network
 namespace whose name starts with ``<prefix>-``. The folder is written before any namespace is made, with the
 owner's pid and start time in it, so a namespace with the run's prefix and no live owner is always stale:
 :func:`clean_stale` removes it, and :func:`teardown` is the one way a run's hosts go away (at close, from the
@@ -22,7 +23,7 @@ OWNER_FILE = "owner.json"
 
 
 def state_root() -> Path:
-    return Path(os.environ.get("DS_TEST_HOSTS_DIR", "/tmp/ds-test-hosts"))
+    return Path(os.environ.get("DS_TEST_HOSTS_DIR", "/var/tmp/ds-test-hosts"))
 
 
 def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
