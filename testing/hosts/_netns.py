@@ -1,8 +1,7 @@
 """The namespace plumbing under :class:`hosts.Cluster`: one run's state folder, its namespaces and their teardown.
 
-A run owns ``<root>/<prefix>/`` (``root`` is ``$DS_TEST_HOSTS_DIR`` or ``/var/tmp/ds-test-hosts``, outside /tmp so that
-with a private /tmp still see it) and every network
-namespace whose name starts with ``<prefix>-``. The folder is written before any namespace is made, with the
+A run owns ``<root>/<prefix>/`` (``root``: ``$DS_TEST_HOSTS_DIR`` or ``/var/tmp/ds-test-hosts``, outside /tmp so
+that hosts with a private /tmp see it) and every network namespace whose name starts with ``<prefix>-``. The folder is written before any namespace is made, with the
 owner's pid and start time in it, so a namespace with the run's prefix and no live owner is always stale:
 :func:`clean_stale` removes it, and :func:`teardown` is the one way a run's hosts go away (at close, from the
 reaper when the owner died, or from the next run's stale sweep).
