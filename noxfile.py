@@ -136,6 +136,7 @@ def integration(session: nox.Session, world_size: int) -> None:
                 "tools/tests/test_bench_training.py",
                 "tools/tests/test_bench_largest_fit.py",
                 "tools/tests/test_gpu_tools.py",  # the GPU checks' plumbing, on CPU
+                "testing/test_hosts.py",  # the namespace test hosts the multi-host tests run on
             ]
             if world_size == 2
             else []
