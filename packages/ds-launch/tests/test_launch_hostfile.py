@@ -21,13 +21,19 @@ def test_good_hostfiles(text, expected):
 
 
 BAD = [
-    ("worker-0 slots=4\nworker-1 slot=4\n", "Hostfile contains a bad entry: 'worker-1 slot=4' (hf line 2)"),
-    ("worker-0\n", "Hostfile contains a bad entry: 'worker-0' (hf line 1)"),
-    ("worker-0 slots=4x\n", "Hostfile contains a bad entry: 'worker-0 slots=4x' (hf line 1)"),
-    ("slots=4\n", "Hostfile contains a bad entry: 'slots=4' (hf line 1)"),
+    (
+        "worker-0 slots=4\nworker-1 slot=4\n",
+        "Hostfile contains a bad entry: worker-1 slot=4, unable to proceed with launching (hf line 2;",
+    ),
+    ("worker-0\n", "Hostfile contains a bad entry: worker-0, unable to proceed with launching (hf line 1;"),
+    (
+        "worker-0 slots=4x\n",
+        "Hostfile contains a bad entry: worker-0 slots=4x, unable to proceed with launching (hf line 1;",
+    ),
+    ("slots=4\n", "Hostfile contains a bad entry: slots=4, unable to proceed with launching (hf line 1;"),
     (
         "a slots=1\n# c\na slots=2\n",
-        "Hostfile contains multiple entries for a (hf lines 1 and 3: 'a slots=2')",
+        "Hostfile contains multiple entries for a, unable to proceed with launching (hf lines 1 and 3: 'a slots=2';",
     ),
     ("# only a comment\n\n", "Hostfile is empty or not formatted correctly"),
     ("", "Hostfile is empty or not formatted correctly"),

@@ -6,7 +6,16 @@ from typing import TYPE_CHECKING, Any
 
 from ._discovery import LaunchEnvError, discover_from_env
 from ._excepthook import install_excepthook
-from ._hostfile import HostfileError, filter_resources, parse_hostfile, parse_hostfile_lines, select_resources
+from ._hostfile import (
+    HostfileError,
+    filter_resources,
+    limit_resources,
+    parse_hostfile,
+    parse_hostfile_lines,
+    parse_node_specs,
+    select_resources,
+)
+from ._ssh import decode_world_info, encode_world_info
 from ._topology import Topology
 
 if TYPE_CHECKING:
@@ -18,8 +27,12 @@ __all__ = [
     "HostfileError",
     "LaunchEnvError",
     "Topology",
+    "decode_world_info",
     "discover_from_env",
+    "encode_world_info",
     "filter_resources",
+    "limit_resources",
+    "parse_node_specs",
     "init_distributed",
     "install_excepthook",
     "parse_hostfile",

@@ -11,7 +11,15 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-__all__ = ["HostfileError", "parse_hostfile", "parse_hostfile_lines", "filter_resources", "select_resources"]
+__all__ = [
+    "HostfileError",
+    "parse_hostfile",
+    "parse_hostfile_lines",
+    "parse_node_specs",
+    "filter_resources",
+    "limit_resources",
+    "select_resources",
+]
 
 # DeepSpeed V14's pattern, anchored at the end of the slot count so that "slots=4x" is rejected
 # instead of silently read as 4; OpenMPI-style trailing fields ("max_slots=8") are still allowed.
@@ -47,21 +55,21 @@ def parse_hostfile_lines(lines: Iterable[str], source: str = "<hostfile>") -> di
         match = _ENTRY.match(line)
         if match is None:
             raise HostfileError(
-                f"Hostfile contains a bad entry: {line!r} ({source} line {number}), unable to proceed with "
-                "launching; every line must read 'HOSTNAME slots=N'"
+                f"Hostfile contains a bad entry: {line}, unable to proceed with launching ({source} line "
+                f"{number}; every line must read 'HOSTNAME slots=N')"
             )
         host, slots = match.group(1), int(match.group(2))
         if host in pool:
             raise HostfileError(
-                f"Hostfile contains multiple entries for {host} ({source} lines {first_line[host]} and "
-                f"{number}: {line!r}), unable to proceed with launching; keep one line per host"
+                f"Hostfile contains multiple entries for {host}, unable to proceed with launching ({source} "
+                f"lines {first_line[host]} and {number}: {line!r}; keep one line per host)"
             )
         pool[host] = slots
         first_line[host] = number
     if not pool:
         raise HostfileError(
-            f"Hostfile is empty or not formatted correctly, unable to proceed with launching ({source} has "
-            "no 'HOSTNAME slots=N' line)."
+            f"Hostfile is empty or not formatted correctly, unable to proceed with launching. ({source} has "
+            "no 'HOSTNAME slots=N' line)"
         )
     return pool
 
@@ -73,6 +81,16 @@ def _parse_slots(text: str, node_config: str) -> list[int]:
         raise HostfileError(
             f"Bad slot list in {node_config!r}: slots are integers separated by ',' (e.g. 'worker-0:0,2')"
         ) from None
+
+
+def parse_node_specs(spec: str) -> list[tuple[str, list[int] | None]]:
+    """``NODE[:SLOT[,SLOT...]][@NODE...]`` -> ``[(host, slots)]`` in the order given; slots None: the whole
+    host. Hosts are not checked here (see :func:`filter_resources`)."""
+    parsed = []
+    for node_config in spec.split(NODE_SEP):
+        hostname, has_slots, slot_text = node_config.partition(SLOT_LIST_START)
+        parsed.append((hostname, _parse_slots(slot_text, node_config) if has_slots else None))
+    return parsed
 
 
 def filter_resources(
@@ -91,11 +109,10 @@ def filter_resources(
 
     spec = include_str or exclude_str
     chosen: dict[str, set[int]] = {} if include_str else {h: set(s) for h, s in host_info.items()}
-    for node_config in spec.split(NODE_SEP):
-        hostname, has_slots, slot_text = node_config.partition(SLOT_LIST_START)
+    for hostname, listed in parse_node_specs(spec):
         if hostname not in host_info:
             raise HostfileError(f"Hostname '{hostname}' not found in hostfile (in {spec!r})")
-        slots = set(_parse_slots(slot_text, node_config)) if has_slots else set(host_info[hostname])
+        slots = set(host_info[hostname] if listed is None else listed)
         for slot in slots:
             if slot not in host_info[hostname]:
                 raise HostfileError(f"No slot '{slot}' specified on host '{hostname}' (in {spec!r})")
@@ -105,6 +122,21 @@ def filter_resources(
         else:
             chosen[hostname] -= slots
     return {host: sorted(chosen[host]) for host in host_info if chosen.get(host)}
+
+
+def limit_resources(
+    active: dict[str, list[int]], num_nodes: int = -1, num_procs: int = -1
+) -> dict[str, list[int]]:
+    """``--num_nodes``: the first N hosts; ``--num_procs`` (``--num_gpus``): slots 0..N-1 on each."""
+    if num_nodes > 0:
+        if num_nodes > len(active):
+            raise HostfileError(
+                f"--num_nodes {num_nodes} asks for more hosts than the {len(active)} available"
+            )
+        active = dict(list(active.items())[:num_nodes])
+    if num_procs > 0:
+        active = {host: list(range(num_procs)) for host in active}
+    return active
 
 
 def select_resources(
@@ -124,14 +156,7 @@ def select_resources(
         if value == 0 or value < -1:
             raise HostfileError(f"{name} must be a positive number (got {value})")
     active = filter_resources({h: list(range(n)) for h, n in pool.items()}, include, exclude)
-    if num_nodes > 0:
-        if num_nodes > len(active):
-            raise HostfileError(
-                f"--num_nodes {num_nodes} asks for more hosts than the {len(active)} available"
-            )
-        active = dict(list(active.items())[:num_nodes])
-    if num_procs > 0:
-        active = {host: list(range(num_procs)) for host in active}
+    active = limit_resources(active, num_nodes, num_procs)
     if not active:
         raise HostfileError("No slots left to launch on after applying include/exclude")
     return active

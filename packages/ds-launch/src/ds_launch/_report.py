@@ -29,6 +29,11 @@ __all__ = [
     "PEER_LOST_FIRST",
 ]
 
+# pdsh's line for a host whose command ended non-zero ("pdsh@top: node1: ssh exited with exit code 3")
+_PDSH_HOST_EXIT = re.compile(r"^pdsh@\S+: (\S+): .*exited with exit code (\d+)")
+
+_HOST_TAIL_LINES = 30  # a host's launcher's own report of its ranks is about 10 lines
+
 # How report() words a first failure that only lost a peer: a host whose ranks all failed that way is
 # named after one whose rank failed on its own (process_report).
 PEER_LOST_FIRST = ", after losing a peer: the first rank to fail."
@@ -247,10 +252,14 @@ def process_report(
         return []
     failed.sort(key=lambda ne: (any(PEER_LOST_FIRST in ln for ln in tails.get(ne[0], ())), ne[1].t_ns))
     name, first = failed[0]
-    lines = [f"{name} {describe_exit(first.returncode)}: the first host to fail."]
     tail = tails.get(name) or []
+    by_pdsh = [f"{m.group(1)} (exit code {m.group(2)})" for ln in tail if (m := _PDSH_HOST_EXIT.search(ln))]
+    if by_pdsh:  # one pdsh for all hosts: its own lines say which ended non-zero, in the order it saw them
+        lines = [f"{name} {describe_exit(first.returncode)}; the hosts that failed: {', '.join(by_pdsh)}."]
+    else:
+        lines = [f"{name} {describe_exit(first.returncode)}: the first host to fail."]
     lines.append(f"The last lines {name} wrote to stderr:" if tail else f"{name} wrote nothing to stderr.")
-    lines += [f"  | {ln}" for ln in tail]
+    lines += [f"  | {ln}" for ln in tail[-_HOST_TAIL_LINES:]]
     if failed[1:]:
         lines.append("Then: " + "; ".join(f"{n} {describe_exit(e.returncode)}" for n, e in failed[1:]) + ".")
     stopped = [(n, e) for n, e in ended if (n, e) not in failed and e.returncode != 0]

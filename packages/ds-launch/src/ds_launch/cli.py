@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--venv_script", default="", help="ssh/pdsh launchers: a script each host sources before the job"
     )
+    p.add_argument(
+        "--export",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="ssh/pdsh/mpi launchers: a variable for every rank, beside NCCL*/PYTHON*/... and .deepspeed_env",
+    )
     p.add_argument("--module", action="store_true", help="run user_script as a module (python -m)")
     p.add_argument(
         "--no_python", action="store_true", help="run user_script itself (an executable), not with python"
@@ -269,7 +276,7 @@ def _launch_remote(args: argparse.Namespace, active: dict[str, list[int]], launc
         )
     master_addr = args.master_addr or first_address(rsh, next(iter(active)))
     master_port = args.master_port or DEFAULT_REMOTE_MASTER_PORT
-    exports = exported_environment(os.environ, Path.cwd())
+    exports = exported_environment(os.environ, Path.cwd(), _exports(args))
     program_argv(args)  # its errors (--no_python with --module) here, before any host is reached
     world_info, program = encode_world_info(active), [args.user_script, *args.user_args]
     flags = _node_flags(args)
@@ -294,8 +301,18 @@ def _launch_remote(args: argparse.Namespace, active: dict[str, list[int]], launc
     return run_supervised(specs, Job(0, Path("/nonexistent")), args.timeout or None, args.grace)
 
 
+def _exports(args: argparse.Namespace) -> dict[str, str]:
+    exports = {}
+    for item in args.export:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise HostfileError(f"--export takes KEY=VALUE, got {item!r}")
+        exports[key] = value
+    return exports
+
+
 def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_dir: str) -> int:
-    extra = {EVENTS_DIR_ENV: events_dir}
+    extra = {**_exports(args), EVENTS_DIR_ENV: events_dir}
     if args.master_addr:
         extra["MASTER_ADDR"] = args.master_addr
     if args.master_port:

@@ -1,4 +1,5 @@
-"""DeepSpeed's ``deepspeed.launcher``: ``runner`` (the ``deepspeed`` command's parser), over ds-launch."""
+"""DeepSpeed's ``deepspeed.launcher``: ``runner`` (the ``deepspeed`` command), ``multinode_runner``, ``launch``
+and ``constants``, over ds-launch."""
 
 from deepspeed._forward import submodules  # noqa: E402
 

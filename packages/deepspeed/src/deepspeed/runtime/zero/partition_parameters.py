@@ -31,7 +31,6 @@ _orig_torch_eye = torch.eye
 _orig_torch_randn = torch.randn
 
 
-
 def zero_wrapper_for_fp_tensor_constructor(
     fn: Callable[..., torch.Tensor], target_fp_dtype: torch.dtype, target_device: Any = None
 ) -> Callable[..., torch.Tensor]:
