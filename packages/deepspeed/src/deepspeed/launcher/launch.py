@@ -17,6 +17,7 @@ from ds_launch.cli import run as _run_ds_launch
 
 PID_FILE_BASEPATH = "/tmp"
 TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+CROSS_RANK, CROSS_SIZE = "CROSS_RANK", "CROSS_SIZE"  # this host's index and the number of hosts, per rank
 
 __all__ = ["PID_FILE_BASEPATH", "parse_args", "main"]
 
