@@ -28,12 +28,16 @@ def run_script(
     nproc: int = 2,
     env: dict[str, str] | None = None,
     timeout_s: float = 600,
+    launcher: list[str] | None = None,
 ) -> list[dict]:
-    """``python -m torch.distributed.run --nproc_per_node nproc HERE/script args``; rank 0's JSON records."""
+    """``python -m torch.distributed.run --nproc_per_node nproc HERE/script args`` (or ``launcher`` given
+    the script and args: another launcher's command line, e.g. ``deepspeed``); rank 0's JSON records."""
     cmd = [
         python, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
         "--master_port", str(free_port()), str(HERE / script), *args,
     ]  # fmt: skip
+    if launcher is not None:
+        cmd = [*launcher, str(HERE / script), *args]
     full_env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",

@@ -1,4 +1,5 @@
-"""Hugging Face Trainer, unmodified, on ds's ``deepspeed`` at 2 ranks (torchrun, gloo, CPU).
+"""Hugging Face Trainer, unmodified, on ds's ``deepspeed`` at 2 ranks (torchrun, and ZeRO 0 under DeepSpeed's
+``deepspeed`` command; gloo, CPU).
 
 Against DeepSpeed 0.19.8's run of the same script (fixtures/trainer.json, recorded by
 tools/make_framework_fixtures.py): step losses at ZeRO 0, 2 (with the optimizer offloaded to the CPU, which
@@ -9,6 +10,7 @@ kept at 4), and the checkpoint files ds writes hold no pickle.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -25,8 +27,16 @@ REL_TOL = 1e-5
 GLOBAL_BATCH = 4
 
 
-def _run(*args: str, nproc: int = 2) -> list[dict]:
-    return run_script(sys.executable, SCRIPT, *args, nproc=nproc)
+def _run(*args: str, nproc: int = 2, launcher: list[str] | None = None) -> list[dict]:
+    return run_script(sys.executable, SCRIPT, *args, nproc=nproc, launcher=launcher)
+
+
+def deepspeed_command(nproc: int) -> list[str]:
+    """DeepSpeed's ``deepspeed --num_gpus N`` (ds's package; on CPU, N processes); the script takes no
+    ``--local_rank`` argument, as a Trainer script reading LOCAL_RANK from the environment need not."""
+    found = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
+    exe = [found] if found else [sys.executable, "-m", "deepspeed.launcher.runner"]
+    return [*exe, "--num_gpus", str(nproc), "--no_local_rank"]
 
 
 def assert_close(ours: list[float], theirs: list[float], what: str) -> None:
@@ -53,11 +63,15 @@ def test_fixture_is_deepspeed_0198():
 @pytest.mark.parametrize("case", ["zero0", "zero2_offload"])
 def test_losses_match_deepspeed(case, tmp_path):
     recorded = FIXTURE["cases"][case]
-    records = _run(*recorded["args"], "--out", str(tmp_path), nproc=recorded["ranks"])
+    # zero0 under DeepSpeed's own `deepspeed` command, the others under torchrun
+    launcher = deepspeed_command(recorded["ranks"]) if case == "zero0" else None
+    records = _run(*recorded["args"], "--out", str(tmp_path), nproc=recorded["ranks"], launcher=launcher)
     assert_close(losses(records), recorded["losses"], f"Trainer {case}")
     # DeepSpeed's fp32 stage-0 engine reports no gradient norm; the Trainer logs one only where it does
     assert all((r["grad_norm"] is not None) == (case != "zero0") for r in records if "step" in r)
-    if case == "zero2_offload":  # the optimizer the engine built from the config is DeepSpeed's CPU Adam, as in
+    if (
+        case == "zero2_offload"
+    ):  # the optimizer the engine built from the config is DeepSpeed's CPU Adam, as in
         built = [r["optimizer"] for r in records if "optimizer" in r]  # DeepSpeed's run: offload took effect
         assert built == [recorded["optimizer"]] == ["DeepSpeedCPUAdam"], (built, recorded.get("optimizer"))
 

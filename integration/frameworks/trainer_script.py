@@ -68,7 +68,9 @@ def main() -> None:
     )
     p.add_argument("--width", type=int, default=32, help="n_embd (the benchmark uses a larger one)")
     p.add_argument("--layers", type=int, default=2, help="n_layer")
-    p.add_argument("--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)")
+    p.add_argument(
+        "--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)"
+    )
     args = p.parse_args()
     ds_config = {
         "train_micro_batch_size_per_gpu": "auto",
