@@ -10,16 +10,20 @@ environment), given to ds-launch as ``--ssh_cmd`` or found first on PATH under t
 - ``deepspeed --hostfile`` (pdsh where installed, else ssh) puts each rank where DeepSpeed would, with its
   environment, rank 0's address and ``--local_rank``.
 - A rank failing on the second host ends the job non-zero, the report naming that host and rank, and no
-  rank is left on either host; likewise a host the remote shell cannot reach, and under pdsh.
+  rank is left on either host; likewise a host the remote shell cannot reach, and under pdsh. Once more
+  over real ssh: OpenSSH's sshd running inside each host (where openssh-server is installed), so the
+  ranks on the healthy host must stop because their ssh session ended.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -114,7 +118,7 @@ def test_deepspeed_command_across_hosts(cluster, tmp_path):
 
 def _assert_nothing_left(cluster, marker: str) -> None:
     for name in cluster.names:
-        left = [p for p in cluster.pids(name) if marker.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+        left = _left(cluster, name, marker)
         assert not left, f"ranks left running on {name}: {left}"
 
 
@@ -157,3 +161,67 @@ def test_unreachable_host_fails_the_job_naming_it(cluster, tmp_path):
     assert "Could not resolve hostname node9" in proc.stderr
     assert "Stopped by ds-launch because of it: host node0 (rank 0)" in proc.stderr
     _assert_nothing_left(cluster, marker)
+
+
+@pytest.fixture(scope="module")
+def sshd(cluster, tmp_path_factory) -> list[str]:
+    """OpenSSH's sshd on port 22 of every host, root by key only; yields the client command for ds-launch."""
+    if shutil.which("sshd", path="/usr/sbin:/usr/bin") is None:
+        pytest.skip(
+            "openssh-server is not installed (apt install openssh-server): the real-ssh case needs sshd"
+        )
+    keys = tmp_path_factory.mktemp("ssh")
+    for name in ("hostkey", "userkey"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
+    (keys / "authorized_keys").write_text((keys / "userkey.pub").read_text())
+    config = keys / "sshd_config"
+    config.write_text(
+        f"Port 22\nHostKey {keys}/hostkey\nPidFile none\nAuthorizedKeysFile {keys}/authorized_keys\n"
+        "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+        "UsePAM no\nStrictModes no\nPrintMotd no\n"
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation folder
+    daemons = [cluster.popen(n, ["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=subprocess.DEVNULL)
+               for n in cluster.names]  # fmt: skip
+    client = ["/usr/bin/ssh", "-i", str(keys / "userkey"), "-o", "StrictHostKeyChecking=no",
+              "-o", "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]  # fmt: skip
+    for _ in range(50):  # until both listen
+        if all(cluster.run("node0", [*client, n, "true"]).returncode == 0 for n in cluster.names):
+            break
+        time.sleep(0.2)
+    yield client
+    for daemon in daemons:
+        daemon.terminate()
+        daemon.wait(timeout=10)
+
+
+def test_real_ssh_failing_rank_stops_the_other_host(cluster, sshd, tmp_path):
+    marker = uuid.uuid4().hex
+    hostfile = cluster.hostfile(tmp_path / "hostfile", slots=2)
+    cmd = [*_tool("ds-launch"), "-H", str(hostfile), "--launcher", "ssh", "--ssh_cmd", shlex.join(sshd),
+           "--master_port", "29536", str(ENV_RANK), "--out", str(tmp_path), "--fail-rank", "3", "--sleep", "60",
+           marker]  # fmt: skip
+    proc = _on_node0(cluster, cmd, tmp_path, timeout_s=120)
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    # rank 0's address came from `ssh node0 hostname -I`, over real ssh
+    assert f"rendezvous at {cluster.address('node0')}:29536" in proc.stderr
+    assert "ds-launch: host node1 (ranks 2-3) exited with code 3: the first host to fail." in proc.stderr
+    assert "Stopped by ds-launch because of it: host node0 (ranks 0-1)" in proc.stderr
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert [r["RANK"] for r in ranks] == ["0", "1", "2", "3"]
+    # node0's ranks ran under sshd's session, not under ds-launch: they ended because that session did
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_left(cluster, n, marker) for n in cluster.names):
+        time.sleep(0.2)
+    _assert_nothing_left(cluster, marker)
+
+
+def _left(cluster, name: str, marker: str) -> list[int]:
+    found = []
+    for pid in cluster.pids(name):
+        try:
+            if marker.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:
+            continue
+    return found
