@@ -128,7 +128,7 @@ def test_backends_ds_lacks_fail_naming_them(name):
 def test_options_ds_lacks_fail_naming_them():
     from deepspeed import FeatureNotAvailableError
 
-    for extra in (["--autotuning", "tune"], ["--enable_each_rank_log", "logs"], ["--bind_cores_to_rank"]):
+    for extra in (["--autotuning", "tune"], ["--enable_each_rank_log", "logs"]):
         option = extra[0]
         with pytest.raises(FeatureNotAvailableError, match=f"deepspeed {option}: .* is not available in ds"):
             runner.main([*extra, "x.py"])

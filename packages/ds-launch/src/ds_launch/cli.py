@@ -14,6 +14,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from ._binding import bound_argv, cores_per_rank
 from ._exports import EnvFileError, exported_environment
 from ._hostfile import HostfileError, parse_hostfile, select_resources
 from ._mpirun import MpirunNotFound, build_mpirun_command, find_mpirun
@@ -94,6 +95,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no_python", action="store_true", help="run user_script itself (an executable), not with python"
     )
+    p.add_argument(
+        "--bind_cores_to_rank",
+        action="store_true",
+        help="give each rank of a host an equal share of its cores (taskset) and OMP_NUM_THREADS to match",
+    )
+    p.add_argument(
+        "--bind_core_list",
+        default=None,
+        help="the cores to share out, e.g. 0-3,8-11 (default: all this may use)",
+    )
     p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank=<i> to the script")
     p.add_argument(
         "--timeout", type=float, default=0.0, help="stop the whole job after this many seconds (0: never)"
@@ -162,11 +173,13 @@ def local_rank_specs(
     gpu_ids: Sequence[str] = (),
     events_dir: str = "",
     node: tuple[int, int, int, int] = (0, 1, 0, 0),
+    cores: Sequence[Sequence[int]] = (),
 ) -> list[ChildSpec]:
     """One rank per slot on this host, with the environment of DeepSpeed's launch.py and torchrun.
 
     ``node`` is (this host's index, number of hosts, its first global rank, world size; 0: this
-    host's ranks alone), given by the layout the ssh launchers pass to every host."""
+    host's ranks alone), given by the layout the ssh launchers pass to every host. ``cores``: each local
+    rank's cores (``--bind_cores_to_rank``), or empty."""
     node_rank, num_nodes, first_rank, world_size = node
     world_size = world_size or len(slots)
     specs = []
@@ -192,7 +205,11 @@ def local_rank_specs(
             # more ranks than GPUs share them round-robin instead.
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpu_ids[s] for s in slots)
         local_rank_arg = [f"--local_rank={local_rank}"] if pass_local_rank else []
-        specs.append(ChildSpec(f"rank {rank}", [*program, *local_rank_arg, *user_args], env, rank))
+        argv = [*program, *local_rank_arg, *user_args]
+        if cores:
+            env["OMP_NUM_THREADS"] = str(len(cores[local_rank]))
+            argv = bound_argv(list(cores[local_rank]), argv)
+        specs.append(ChildSpec(f"rank {rank}", argv, env, rank))
     return specs
 
 
@@ -215,6 +232,7 @@ def _launch_local(
         pass_local_rank=not args.no_local_rank,
         gpu_ids=gpu_ids,
         events_dir=events_dir,
+        cores=_cores(args, len(slots)),
     )
     job = Job(len(specs), Path(events_dir), args.tag_output)
     return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
@@ -252,17 +270,28 @@ def _launch_node(args: argparse.Namespace, gpu_ids: list[str], events_dir: str) 
         gpu_ids=gpu_ids,
         events_dir=events_dir,
         node=(node_rank, len(hosts), first_rank, world_size),
+        cores=_cores(args, len(slots)),
     )
     job = Job(world_size, Path(events_dir), args.tag_output, ranks=tuple(s.rank for s in specs))
     return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
 
 
+def _cores(args: argparse.Namespace, num_local: int) -> list[list[int]]:
+    if not args.bind_cores_to_rank:
+        if args.bind_core_list:
+            raise HostfileError("--bind_core_list needs --bind_cores_to_rank")
+        return []
+    return cores_per_rank(num_local, args.bind_core_list, os.environ)
+
+
 def _node_flags(args: argparse.Namespace) -> list[str]:
     """The options each host's node launcher repeats from this one."""
     flags = [f"--grace={args.grace}"]
-    for name in ("module", "no_python", "no_local_rank", "tag_output"):
+    for name in ("module", "no_python", "no_local_rank", "tag_output", "bind_cores_to_rank"):
         if getattr(args, name):
             flags.append(f"--{name}")
+    if args.bind_core_list:
+        flags.append(f"--bind_core_list={args.bind_core_list}")
     return flags
 
 

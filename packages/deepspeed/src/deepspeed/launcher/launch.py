@@ -34,8 +34,8 @@ def parse_args(args: Sequence[str] | None = None) -> Namespace:
     p.add_argument("--no_local_rank", action="store_true", help="do not pass --local_rank=<i>")
     p.add_argument("--save_pid", type=int, default=0, help="not available in ds")
     p.add_argument("--enable_each_rank_log", default="None", type=str, help="not available in ds")
-    p.add_argument("--bind_cores_to_rank", action="store_true", help="not available in ds")
-    p.add_argument("--bind_core_list", type=str, default=None, help="not available in ds")
+    p.add_argument("--bind_cores_to_rank", action="store_true", help="each rank on its share of the cores")
+    p.add_argument("--bind_core_list", type=str, default=None, help="the cores to share out, e.g. 1,3-5,7")
     p.add_argument(
         "--log_level", type=str, default="info", choices=["debug", "info", "warning", "error", "critical"]
     )
@@ -49,8 +49,7 @@ def main(args: Sequence[str] | None = None) -> None:
     parsed = parse_args(args)
     if parsed.world_info == "None":
         raise ValueError("world_info can not be None")
-    for option, unset in (("save_pid", 0), ("enable_each_rank_log", "None"), ("bind_cores_to_rank", False),
-                          ("bind_core_list", None)):  # fmt: skip
+    for option, unset in (("save_pid", 0), ("enable_each_rank_log", "None")):
         if getattr(parsed, option) != unset:
             raise FeatureNotAvailableError(
                 f"deepspeed.launcher.launch --{option} is not available in ds (DeepSpeed has it); run without it"
@@ -62,7 +61,12 @@ def main(args: Sequence[str] | None = None) -> None:
         parsed.master_addr,
         "--master_port",
         str(parsed.master_port),
-        *[f"--{flag}" for flag in ("module", "no_python", "no_local_rank") if getattr(parsed, flag)],
+        *[
+            f"--{flag}"
+            for flag in ("module", "no_python", "no_local_rank", "bind_cores_to_rank")
+            if getattr(parsed, flag)
+        ],
+        *([f"--bind_core_list={parsed.bind_core_list}"] if parsed.bind_core_list else []),
         parsed.training_script,
         *parsed.training_script_args,
     ]

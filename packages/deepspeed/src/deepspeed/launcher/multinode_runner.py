@@ -69,9 +69,11 @@ def ds_launch_argv(
         from ds_launch import encode_world_info
 
         argv += [f"--world_info={encode_world_info(active)}", f"--node_rank={args.node_rank}"]
-    for flag in ("module", "no_python", "no_local_rank"):
-        if getattr(args, flag):
+    for flag in ("module", "no_python", "no_local_rank", "bind_cores_to_rank"):
+        if getattr(args, flag, False):
             argv.append(f"--{flag}")
+    if getattr(args, "bind_core_list", None):
+        argv.append(f"--bind_core_list={args.bind_core_list}")
     return [*argv, args.user_script, *args.user_args]
 
 

@@ -65,8 +65,6 @@ UNAVAILABLE_OPTIONS = {
     "autotuning": "DeepSpeed's autotuner (--autotuning)",
     "enable_each_rank_log": "per-rank log files (--enable_each_rank_log); redirect ds-launch's output, whose "
     "lines each name their rank with --tag_output",
-    "bind_cores_to_rank": "core binding (--bind_cores_to_rank, numactl)",
-    "bind_core_list": "core binding (--bind_core_list, numactl)",
 }
 
 __all__ = [
@@ -134,8 +132,12 @@ def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--autotuning", default="", choices=["tune", "run"], type=str, help="not available in ds")
     p.add_argument("user_script", type=str, help="the training script, followed by its arguments")
     p.add_argument("user_args", nargs=argparse.REMAINDER)
-    p.add_argument("--bind_cores_to_rank", action="store_true", help="not available in ds")
-    p.add_argument("--bind_core_list", type=str, default=None, help="not available in ds")
+    p.add_argument(
+        "--bind_cores_to_rank",
+        action="store_true",
+        help="each rank on its share of the host's cores (taskset)",
+    )
+    p.add_argument("--bind_core_list", type=str, default=None, help="the cores to share out, e.g. 1,3-5,7")
     p.add_argument("--ssh_port", type=int, default=None, help="the ssh port of every host")
     p.add_argument("--venv_script", type=str, default=None, help="a script each host sources first")
     p.add_argument(
@@ -210,7 +212,7 @@ def encode_world_info(world_info: Mapping[str, list[int]]) -> str:
 
 
 def _refuse_unavailable(args: argparse.Namespace) -> None:
-    defaults = {"autotuning": "", "enable_each_rank_log": "None", "bind_cores_to_rank": False}
+    defaults = {"autotuning": "", "enable_each_rank_log": "None"}
     for option, feature in UNAVAILABLE_OPTIONS.items():
         value = getattr(args, option)
         if value not in (defaults.get(option), None):
