@@ -125,6 +125,14 @@ def test_backends_ds_lacks_fail_naming_them(name):
         getattr(multinode_runner, name)(argparse.Namespace(), "e30=", {})
 
 
+def test_mpich_helper_fails_naming_it():
+    from deepspeed import FeatureNotAvailableError
+    from deepspeed.launcher import launcher_helper
+
+    with pytest.raises(FeatureNotAvailableError, match="the mpich launcher is not available in ds"):
+        launcher_helper.main([])
+
+
 def test_options_ds_lacks_fail_naming_them():
     from deepspeed import FeatureNotAvailableError
 
