@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ._exports import EnvFileError, exported_environment
+from ._heartbeat import MONITOR_ENV
 from ._hostfile import HostfileError, parse_hostfile, select_resources
+from ._monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, Monitor
 from ._mpirun import MpirunNotFound, build_mpirun_command, find_mpirun
 from ._rank_entry import EVENTS_DIR_ENV
 from ._supervise import ChildSpec, Job, run_supervised
@@ -64,6 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping ranks"
+    )
+    p.add_argument(
+        "--heartbeat_timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        help="end the job when a rank sends no heartbeat for this many seconds (a host lost or cut off)",
+    )
+    p.add_argument(
+        "--stall_timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT_S,
+        help="end the job when no rank makes progress (CPU time, I/O) for this many seconds; 0: never",
     )
     p.add_argument(
         "--tag_output",
@@ -117,6 +132,7 @@ def local_rank_specs(
     pass_local_rank: bool = True,
     gpu_ids: Sequence[str] = (),
     events_dir: str = "",
+    monitor_endpoints: str = "",
 ) -> list[ChildSpec]:
     """One rank per slot on this host, with the environment of DeepSpeed's launch.py and torchrun."""
     world_size = len(slots)
@@ -137,6 +153,8 @@ def local_rank_specs(
         )
         if events_dir:
             env[EVENTS_DIR_ENV] = events_dir
+        if monitor_endpoints:
+            env[MONITOR_ENV] = monitor_endpoints
         if gpu_ids and max(slots) < len(gpu_ids):
             # Every rank sees the host's selected GPUs and picks cuda:LOCAL_RANK, as with launch.py;
             # more ranks than GPUs share them round-robin instead.
@@ -147,7 +165,11 @@ def local_rank_specs(
 
 
 def _launch_local(
-    args: argparse.Namespace, active: dict[str, list[int]], gpu_ids: list[str], events_dir: str
+    args: argparse.Namespace,
+    active: dict[str, list[int]],
+    gpu_ids: list[str],
+    events_dir: str,
+    monitor: Monitor,
 ) -> int:
     ((host, slots),) = active.items()
     if host not in _LOCAL_HOSTS and host != socket.gethostname():
@@ -165,13 +187,16 @@ def _launch_local(
         pass_local_rank=not args.no_local_rank,
         gpu_ids=gpu_ids,
         events_dir=events_dir,
+        monitor_endpoints=f"127.0.0.1:{monitor.port}",
     )
-    job = Job(len(specs), Path(events_dir), args.tag_output)
+    job = Job(len(specs), Path(events_dir), args.tag_output, monitor)
     return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
 
 
-def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_dir: str) -> int:
-    extra = {EVENTS_DIR_ENV: events_dir}
+def _launch_mpi(
+    args: argparse.Namespace, active: dict[str, list[int]], events_dir: str, monitor: Monitor
+) -> int:
+    extra = {EVENTS_DIR_ENV: events_dir, MONITOR_ENV: monitor.endpoints()}
     if args.master_addr:
         extra["MASTER_ADDR"] = args.master_addr
     if args.master_port:
@@ -185,8 +210,19 @@ def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_d
         [*shlex.split(args.launcher_args), *(["--tag-output"] if args.tag_output else [])],
     )
     print(f"ds-launch: running {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    job = Job(sum(len(slots) for slots in active.values()), Path(events_dir))
+    job = Job(sum(len(slots) for slots in active.values()), Path(events_dir), monitor=monitor)
     return run_supervised([ChildSpec("mpirun", cmd, dict(os.environ))], job, args.timeout or None, args.grace)
+
+
+@contextlib.contextmanager
+def _monitor(args: argparse.Namespace, active: dict[str, list[int]], exits_seen: bool) -> Iterator[Monitor]:
+    """The heartbeat monitor of one job (``_monitor``): every rank reports to it, from any host."""
+    world_size = sum(len(slots) for slots in active.values())
+    monitor = Monitor(world_size, args.heartbeat_timeout, args.stall_timeout, exits_seen=exits_seen)
+    try:
+        yield monitor
+    finally:
+        monitor.close()
 
 
 def _join_launcher_args(argv: list[str]) -> list[str]:
@@ -213,10 +249,16 @@ def run(argv: Sequence[str] | None = None) -> int:
                     f"The local launcher runs on one host, but {len(active)} are selected ({', '.join(active)}); "
                     "use --launcher mpi"
                 )
-            with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
-                return _launch_local(args, active, gpu_ids, events_dir)
-        with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
-            return _launch_mpi(args, active, events_dir)
+            with (
+                tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir,
+                _monitor(args, active, exits_seen=True) as monitor,
+            ):
+                return _launch_local(args, active, gpu_ids, events_dir, monitor)
+        with (
+            tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir,
+            _monitor(args, active, exits_seen=False) as monitor,
+        ):
+            return _launch_mpi(args, active, events_dir, monitor)
     except (HostfileError, EnvFileError, MpirunNotFound) as exc:
         parser.error(str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
