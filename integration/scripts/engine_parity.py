@@ -60,6 +60,14 @@ def configs() -> dict[str, dict]:
         **persist,
         "zero_optimization": {**persist["zero_optimization"], **offload},
     }
+    # stage 2 with the fp32 masters and Adam state in CPU memory
+    out["stage2-fp32-gas1-offload"] = {
+        **out["stage2-fp32-gas1"],
+        "zero_optimization": {
+            **out["stage2-fp32-gas1"]["zero_optimization"],
+            "offload_optimizer": {"device": "cpu"},
+        },
+    }
     # two options that change how gradients travel, not what they are
     overlap = out["stage1-fp32-gas4"]
     out["stage1-fp32-gas4-overlap"] = {

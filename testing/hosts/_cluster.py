@@ -24,7 +24,7 @@ __all__ = ["Cluster", "Host", "HostsUnavailable", "unavailable_reason"]
 _HOLDER = r"""
 set -e
 hostname "$1"
-mount -t tmpfs -o mode=1777 shm /dev/shm
+if [ "$5" = own ]; then mount -t tmpfs -o mode=1777 shm /dev/shm; fi
 if [ -n "$2" ]; then mount --bind "$2" /etc/hosts; fi
 if [ "$4" = private ]; then mount -t tmpfs -o mode=1777 tmp /tmp; fi
 echo $$ > "$3.tmp"
@@ -66,7 +66,8 @@ class Cluster:
     ``"self-loopback"`` (a host's own name -> 127.0.1.1, as Debian writes it; the others unresolvable), or a
     mapping host name -> file text. ``private_tmp=True`` gives each host its own empty /tmp (as separate machines
     have; then only ``cluster.shared``, a folder every host sees as a cluster's shared home, is common to
-    them). ``login_env`` is what a login on each host starts with (see
+    them). ``own_shm=False`` leaves the machine's /dev/shm shared by all hosts (to check that "same host" is
+    not inferred from a shared file). ``login_env`` is what a login on each host starts with (see
     :func:`hosts._agent.default_login_env`). Close it (or use ``with``) to tear everything down; a reaper
     process does it if this process dies first, and the next run sweeps anything a reaper missed.
     """
@@ -79,6 +80,7 @@ class Cluster:
         login_env: Mapping[str, str] | None = None,
         names: Sequence[str] | None = None,
         private_tmp: bool = False,
+        own_shm: bool = True,
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -91,6 +93,7 @@ class Cluster:
         (self.state / _netns.OWNER_FILE).write_text(json.dumps(_netns.owner_record()))
         self._closed = False
         self._private_tmp = private_tmp
+        self._own_shm = own_shm
         self.shared = self.state / "shared"  # seen by every host, as a shared home on a cluster
         self.shared.mkdir()
         self._holders: list[subprocess.Popen] = []
@@ -246,6 +249,8 @@ class Cluster:
     def heal(self, name: str) -> None:
         """Undo :meth:`partition` / the ssh refusal of :meth:`kill_host`."""
         _netns.ip("-n", self._ns("hub"), "link", "set", f"p{self.names.index(name)}", "up")
+        for host in self.hosts.values():  # neighbours that failed to answer during the cut: ask afresh
+            _netns.ip("-n", host.netns, "neigh", "flush", "all", check=False)
         (self.state / "hosts" / name / "down").unlink(missing_ok=True)
 
     def _mark_down(self, name: str, why: str) -> None:

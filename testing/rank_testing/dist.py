@@ -76,7 +76,8 @@ def spawn(
     port = free_port()
     procs = [
         ctx.Process(
-            target=_worker, args=(fn, r, world_size, port, backend, args, queue, {**os.environ, **(env or {})})
+            target=_worker,
+            args=(fn, r, world_size, port, backend, args, queue, {**os.environ, **(env or {})}),
         )
         for r in range(world_size)
     ]

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from ._discovery import Discovered, LaunchEnvError, discover_from_env, mpi_runtime
 from ._excepthook import install_excepthook
 from ._mpi_discovery import MPI_INSTALL_HINT, mpi_world
+from ._netif import interface_to
 from ._topology import Topology
 
 __all__ = ["init_distributed"]
@@ -47,6 +48,36 @@ def _routable_address() -> str:
     except (OSError, subprocess.SubprocessError):
         pass  # no `hostname -I` (macOS, busybox): fall back to the resolver
     return socket.gethostbyname(socket.gethostname())
+
+
+def _ifname_var(backend: str) -> str:
+    return "NCCL_SOCKET_IFNAME" if backend == "nccl" else "GLOO_SOCKET_IFNAME"
+
+
+def choose_interface(backend: str, master_addr: str, world_size: int, env: Mapping[str, str]) -> str:
+    """Set the backend's socket interface variable, unless the user did, to the interface that routes to
+    ``master_addr``; return how it was chosen, for the startup line.
+
+    Left to itself, gloo binds to whatever this host's name resolves to, and falls back to loopback when it
+    resolves to nothing (or to 127.0.1.1, as Debian's /etc/hosts has it): peers on other hosts are then
+    refused, or never answered. The interface this host reaches the master through is the one its peers
+    can reach it on, whatever the names and however many interfaces there are.
+    """
+    var = _ifname_var(backend)
+    if env.get(var):
+        return f"{env[var]} ({var})"
+    if world_size == 1 or not master_addr:
+        return ""
+    found = interface_to(master_addr)
+    if found is None:
+        raise LaunchEnvError(
+            f"rank on {socket.gethostname()}: no route to the master address {master_addr!r} (MASTER_ADDR), so "
+            f"the interface for {backend}'s sockets cannot be chosen; set {var} to the interface on the "
+            "network the hosts share (e.g. eth0), or MASTER_ADDR to an address of rank 0's host they all reach"
+        )
+    name, addr = found
+    os.environ[var] = name
+    return f"{name} {addr} (routes to the master address; set {var} to choose another)"
 
 
 def _open_master_store(
@@ -261,6 +292,7 @@ def init_distributed(
     else:
         addr, port = _need_master(found, env, auto_mpi_discovery)
 
+    interface = choose_interface(backend, addr, found.world_size, env)
     device = _device_for(found.local_rank or 0)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -289,6 +321,7 @@ def init_distributed(
         backend=backend,
         device=device,
         source=found.source,
+        interface=interface,
     )
     _current_group = dist.group.WORLD
     _publish(_current)

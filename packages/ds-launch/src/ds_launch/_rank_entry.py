@@ -12,7 +12,9 @@ additions the launcher's report depends on:
 * how the rank ends (its exit code, or the exception that ended it) is written to
   ``$DS_LAUNCH_EVENTS_DIR/rank<RANK>.json`` before interpreter exit runs the at-exit teardown.
   Teardown can keep a failed rank alive longer than the peers it made fail; the timestamp taken
-  here lets the launcher name the rank that failed first. A ds_config ConfigError that made it into
+  here lets the launcher name the rank that failed first. The same record goes to the launcher's monitor
+  (``_heartbeat.py``, which also beats every second while the rank lives): ranks on other hosts reach the
+  launcher that way, whatever the file systems. A ds_config ConfigError that made it into
   the record is not printed by the rank: the launcher prints each such message once for the job.
 """
 
@@ -67,12 +69,28 @@ def _is_config_error(exc: BaseException) -> bool:
     return errors is not None and isinstance(exc, errors.ConfigError)
 
 
+def _start_heartbeat() -> object | None:
+    """The rank's connection to the launcher's monitor (``_heartbeat.py``, loaded by path as this file is run)."""
+    if not os.environ.get("DS_LAUNCH_MONITOR"):
+        return None
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_heartbeat.py")
+    spec = importlib.util.spec_from_file_location("_ds_launch_heartbeat", path)
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module.start_from_env(rank_from_env(os.environ))
+
+
+_heartbeat = None
+
+
 def _record_end(code: int, exc: BaseException | None) -> bool:
-    """Write how this rank ends, and say whether it was written; never let a problem with the record
-    change how the rank exits."""
+    """Write how this rank ends (a file in the events folder, and to the launcher's monitor), and say
+    whether it was recorded; never let a problem with the record change how the rank exits."""
     t_ns = time.monotonic_ns()  # first: this is the moment the launcher orders failures by
     directory, rank = os.environ.get(EVENTS_DIR_ENV), rank_from_env(os.environ)
-    if not directory or rank is None:
+    if rank is None or (not directory and _heartbeat is None):
         return False
     import json  # only now: the script's start must not pay for what only its end needs
     import traceback
@@ -84,14 +102,26 @@ def _record_end(code: int, exc: BaseException | None) -> bool:
         record["traceback"] = traceback.format_exception(trimmed)[-_TRACEBACK_LINES:]
         if _is_config_error(exc):
             record["config_error"] = str(exc)  # the launcher prints it once for the job
+    if _heartbeat is not None:
+        record["host"] = _heartbeat_host()
+        _heartbeat.end(record)  # type: ignore[attr-defined]
+    if not directory:
+        return True
     try:
         path = os.path.join(directory, f"rank{rank}.json")
         with open(path + ".tmp", "w") as tmp:
             json.dump(record, tmp)
         os.replace(path + ".tmp", path)  # the launcher never reads half a record
     except OSError:
-        return False  # e.g. a host of an mpirun job that does not share the launcher's file system
+        # e.g. a host of an mpirun job that does not share the launcher's file system: the monitor has it
+        return _heartbeat is not None
     return True
+
+
+def _heartbeat_host() -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def _run_script(path: str) -> None:
@@ -145,9 +175,11 @@ def _line_buffered() -> None:
 
 def main(argv: list[str]) -> None:
     """Run ``argv`` = ``[-m] TARGET ARGS...`` as ``python`` would, recording how it ends."""
+    global _heartbeat
     as_module = argv[:1] == ["-m"]
     target, args = (argv[1], argv[2:]) if as_module else (argv[0], argv[1:])
     _line_buffered()
+    _heartbeat = _start_heartbeat()
     try:
         if as_module:
             sys.argv = [target, *args]  # run_module puts the module's path in argv[0], as -m does

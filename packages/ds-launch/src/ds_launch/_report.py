@@ -162,20 +162,27 @@ def first_failure(ends: Sequence[RankEnd]) -> RankEnd | None:
     return min(failed, key=lambda e: (e.peer_lost, e.t_ns is None, e.code is None, e.t_ns or 0, e.rank))
 
 
-def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) -> list[str]:
+def report(
+    ends: Sequence[RankEnd],
+    tail_of: Callable[[int], list[str] | None],
+    hosts: Mapping[int, str] | None = None,
+) -> list[str]:
     """Lines for the user: the first failure with its last stderr lines, then what followed.
 
     ``tail_of(rank)`` gives a rank's last stderr lines, or None where the launcher cannot tell
     ranks' stderr apart (under mpirun); the traceback the rank recorded stands in then. When the
     first failure is a ConfigError, each distinct ConfigError message is shown once, naming the ranks
-    that raised it, without a traceback or stderr lines (those ranks printed nothing for it)."""
+    that raised it, without a traceback or stderr lines (those ranks printed nothing for it). ``hosts``
+    (rank -> host, from the monitor) puts the host beside each rank named when the job spans hosts."""
     first = first_failure(ends)
     if first is None:
         return []
     if first.config_error is not None:
         return _config_errors(ends, first)
+    where = hosts if hosts and len(set(hosts.values())) > 1 else {}
+    on = {rank: f" on {host}" for rank, host in where.items()}
     lines = [
-        f"rank {first.rank} {first.how}"
+        f"rank {first.rank}{on.get(first.rank, '')} {first.how}"
         + (PEER_LOST_FIRST if first.peer_lost else ": the first rank to fail.")
     ]
     tail = tail_of(first.rank)
@@ -187,7 +194,7 @@ def report(ends: Sequence[RankEnd], tail_of: Callable[[int], list[str] | None]) 
     elif tail is not None:
         lines.append(f"rank {first.rank} wrote nothing to stderr.")
     lines += [f"  | {ln}" for chunk in tail or () for ln in chunk.splitlines()]
-    return lines + _what_followed(ends, [first])
+    return lines + _what_followed(ends, [first], on)
 
 
 def _config_errors(ends: Sequence[RankEnd], first: RankEnd) -> list[str]:
@@ -212,18 +219,23 @@ def _ranks(ranks: Sequence[int]) -> str:
     return "ranks " + ", ".join(map(str, ranks[:-1])) + f" and {ranks[-1]}"
 
 
-def _what_followed(ends: Sequence[RankEnd], shown: Sequence[RankEnd]) -> list[str]:
+def _what_followed(
+    ends: Sequence[RankEnd], shown: Sequence[RankEnd], on: Mapping[int, str] | None = None
+) -> list[str]:
     """The ranks that failed besides those ``shown``, then the ranks the launcher stopped."""
+    on = on or {}
     lines = []
     others = [e for e in ends if e.failed and all(e is not s for s in shown)]
     if others:
         others.sort(key=lambda e: (e.t_ns is None, e.t_ns or 0, e.rank))
-        lines.append("Then: " + "; ".join(f"rank {e.rank} {_short(e)}" for e in others) + ".")
+        lines.append(
+            "Then: " + "; ".join(f"rank {e.rank}{on.get(e.rank, '')} {_short(e)}" for e in others) + "."
+        )
     stopped = [e for e in ends if not e.failed and e.code != 0 and e.code is not None]
     if stopped:
         lines.append(
             "Stopped by ds-launch because of it: "
-            + ", ".join(f"rank {e.rank} ({e.how})" for e in stopped)
+            + ", ".join(f"rank {e.rank}{on.get(e.rank, '')} ({e.how})" for e in stopped)
             + "."
         )
     return lines

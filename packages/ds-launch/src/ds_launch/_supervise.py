@@ -9,6 +9,7 @@ rank running.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import os
 import queue
 import signal
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._monitor import Fault, Monitor
 from ._output import TAIL_LINES, OutputForwarder
 from ._report import (
     ProcessExit,
@@ -54,16 +56,27 @@ class ChildSpec:
 
 @dataclass(frozen=True)
 class Job:
-    """What the launcher needs to report on the ranks: how many, and where they record their end.
+    """What the launcher needs to report on the ranks: how many, where they record their end, and the
+    monitor that hears their heartbeats and ends (over the network: ranks on every host).
 
     ``ranks``: the ranks this launcher started when it runs one host's share of a larger world (the
     others are reported by their own hosts); empty: all of them. A world size of 0 means the children
-    are not ranks but launchers of ranks, one per host: the report names the processes."""
+    are not ranks but launchers of ranks, one per host: the report names the processes (the monitor,
+    if any, still hears every rank)."""
 
     world_size: int
     events_dir: Path
     tag_output: bool = False
+    monitor: Monitor | None = None
     ranks: tuple[int, ...] = ()
+
+
+_FAULTS = {
+    "failed": "a rank failed",
+    "lost": "ranks were lost (their connections closed without a word)",
+    "silent": "ranks went silent (no heartbeat)",
+    "stalled": "no rank made progress",
+}
 
 
 def _exit_code(returncode: int) -> int:
@@ -170,14 +183,34 @@ def run_supervised(
                 procs.append(proc)
                 threading.Thread(target=_reap, args=(len(procs) - 1, proc, exits), daemon=True).start()
             output.start()
-            watch = _Watch(specs, procs, exits, output)
+            watch = _Watch(specs, procs, exits, output, job.monitor)
             code = watch.run(signals, timeout_s, grace_s)
         finally:
             _stop_all(procs, signal.SIGTERM, grace_s if any(p.poll() is None for p in procs) else 0.0)
             output.close()
+    if watch.fault is not None and watch.fault.kind != "failed":  # a failed rank: the report below says it
+        for line in watch.fault.lines:
+            _print_log(line)
     if watch.failed:
         return _report_failure(specs, job, watch, output, code)
+    if code == 0 and job.monitor is not None and not job.monitor.exits_seen:
+        return _check_every_rank_succeeded(specs, job.monitor)
     return code
+
+
+def _check_every_rank_succeeded(specs: Sequence[ChildSpec], monitor: Monitor) -> int:
+    """A job whose processes all exited 0 succeeded only if every rank said it ended with code 0: mpirun
+    exits 0 when a host's daemon is lost ("A daemon failed to report back"), with ranks that never ended."""
+    monitor.settle()
+    missing = monitor.unaccounted()
+    if not missing:
+        return 0
+    _print_log(
+        f"{specs[0].name} exited 0, but not every rank reported ending with code 0, so the job failed:"
+    )
+    for line in missing:
+        _print_log("  " + line)
+    return 1
 
 
 def _reap(index: int, proc: subprocess.Popen, exits: queue.Queue) -> None:
@@ -195,8 +228,11 @@ class _Watch:
         procs: list[subprocess.Popen],
         exits: queue.Queue[tuple[int, ProcessExit]],
         output: OutputForwarder,
+        monitor: Monitor | None = None,
     ) -> None:
         self.specs, self.procs, self.exits, self.output = specs, procs, exits, output
+        self.monitor = monitor
+        self.fault: Fault | None = None  # what the monitor saw, when it ended the job
         self.seen: dict[int, ProcessExit] = {}  # by index into specs
         self.stop_t_ns: int | None = None
         self.kill_t_ns: int | None = None
@@ -238,6 +274,14 @@ class _Watch:
                     return _exit_code(ended.returncode)
                 if len(self.seen) == len(self.procs):
                     return 0
+            fault = self.monitor.check() if self.monitor is not None else None
+            if fault is not None:
+                self.failed, self.fault = True, fault
+                self.output.log(
+                    f"{_FAULTS[fault.kind]}; stopping all {len(self.procs)} processes; the report follows"
+                )
+                self._stop(signal.SIGTERM, grace_s)
+                return fault.code
             if deadline is not None and time.monotonic() > deadline:
                 self.output.log(
                     f"the job did not finish within --timeout {timeout_s:g} s; stopping all processes"
@@ -253,9 +297,13 @@ def _report_failure(
     if job.world_size == 0:  # one launcher per host: name the hosts
         tail_lines = {spec.name: output.tail(spec.name) for spec in specs}
         ended = [(spec.name, watch.seen[i]) for i, spec in enumerate(specs) if i in watch.seen]
-        for line in process_report(ended, tail_lines, watch.stop_t_ns):
+        host_lines = process_report(ended, tail_lines, watch.stop_t_ns)
+        for line in host_lines:
             _print_log(line)
-        return fallback_code
+        if host_lines or job.monitor is None:
+            return fallback_code
+        # no host failed before ds-launch stopped them (the monitor saw the fault): the ranks it heard say
+        job = dataclasses.replace(job, world_size=job.monitor.world_size)
     exits = {
         spec.rank: watch.seen[i] for i, spec in enumerate(specs) if spec.rank is not None and i in watch.seen
     }
@@ -263,17 +311,32 @@ def _report_failure(
     for spec in specs:
         if spec.rank is None:
             said.update(mpi_runtime_signals(output.tail(spec.name)))
-    ends = rank_ends(
-        job.world_size, read_events(job.events_dir), exits, watch.stop_t_ns, True, said, watch.kill_t_ns
-    )
+    events = read_events(job.events_dir)
+    if job.monitor is not None:
+        job.monitor.settle(timeout_s=1.0)
+        events.update(job.monitor.ends())  # ranks on other hosts; ordered by when the launcher heard them
+    # After a fault only the monitor sees (silence, a stall), the ranks without a record were stopped by
+    # ds-launch rather than failed; a lost rank is named by the fault itself
+    on_its_own = watch.fault is None or watch.fault.kind in ("failed", "lost")
+    ends = rank_ends(job.world_size, events, exits, watch.stop_t_ns, on_its_own, said, watch.kill_t_ns)
     if job.ranks:
         ends = [end for end in ends if end.rank in job.ranks]
     names = {spec.rank: spec.name for spec in specs if spec.rank is not None}
     # Under mpirun the ranks' stderr reaches the launcher merged: no tail per rank (None).
-    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None):
+    hosts = job.monitor.hosts() if job.monitor is not None else {}
+    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None, hosts):
         _print_log(line)
+    if len(set(hosts.values())) > 1:
+        _print_log("Ranks by host: " + _ranks_by_host(hosts))
     first = first_failure(ends)
     return fallback_code if first is None or first.code is None else _exit_code(first.code)
+
+
+def _ranks_by_host(hosts: dict[int, str]) -> str:
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(hosts):
+        by_host.setdefault(hosts[rank], []).append(rank)
+    return "; ".join(f"{host}: {', '.join(map(str, ranks))}" for host, ranks in by_host.items())
 
 
 def _print_log(message: str) -> None:

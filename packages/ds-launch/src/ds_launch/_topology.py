@@ -29,6 +29,9 @@ class Topology:
     backend: str  # "gloo" | "nccl"
     device: torch.device  # cuda:local_rank or cpu
     source: str
+    # the network interface the backend's sockets use, and why: "eth0 (routes to the master address)",
+    # "eth0 (GLOO_SOCKET_IFNAME)" where the user set it; "" where the backend chose (a world of one)
+    interface: str = ""
 
     @property
     def is_main(self) -> bool:
@@ -45,5 +48,5 @@ class Topology:
         return (
             f"rank {self.rank}/{self.world_size} local {self.local_rank}/{self.local_world_size} "
             f"(from {self.source}), master {self.master_addr}:{self.master_port}, backend {self.backend}, "
-            f"device {self.device}"
+            f"device {self.device}" + (f", network {self.interface}" if self.interface else "")
         )

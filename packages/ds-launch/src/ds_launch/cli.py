@@ -4,6 +4,7 @@ shell (ssh, pdsh) or mpirun."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -11,12 +12,14 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ._binding import bound_argv, cores_per_rank
 from ._exports import EnvFileError, exported_environment
+from ._heartbeat import MONITOR_ENV
 from ._hostfile import HostfileError, parse_hostfile, select_resources
+from ._monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, Monitor
 from ._mpirun import MpirunNotFound, build_mpirun_command, find_mpirun
 from ._rank_entry import EVENTS_DIR_ENV
 from ._ssh import (
@@ -113,6 +116,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL when stopping ranks"
     )
     p.add_argument(
+        "--heartbeat_timeout",
+        type=float,
+        default=DEFAULT_HEARTBEAT_TIMEOUT_S,
+        help="end the job when a rank sends no heartbeat for this many seconds (a host lost or cut off)",
+    )
+    p.add_argument(
+        "--stall_timeout",
+        type=float,
+        default=DEFAULT_STALL_TIMEOUT_S,
+        help="end the job when no rank makes progress (CPU time, I/O) for this many seconds; 0: never",
+    )
+    p.add_argument(
         "--tag_output",
         action="store_true",
         help="prefix each line a rank writes with '[rank N] ' (mpi launcher: mpirun's --tag-output)",
@@ -174,6 +189,7 @@ def local_rank_specs(
     events_dir: str = "",
     node: tuple[int, int, int, int] = (0, 1, 0, 0),
     cores: Sequence[Sequence[int]] = (),
+    monitor_endpoints: str = "",
 ) -> list[ChildSpec]:
     """One rank per slot on this host, with the environment of DeepSpeed's launch.py and torchrun.
 
@@ -200,6 +216,8 @@ def local_rank_specs(
         )
         if events_dir:
             env[EVENTS_DIR_ENV] = events_dir
+        if monitor_endpoints:
+            env[MONITOR_ENV] = monitor_endpoints
         if gpu_ids and max(slots) < len(gpu_ids):
             # Every rank sees the host's selected GPUs and picks cuda:LOCAL_RANK, as with launch.py;
             # more ranks than GPUs share them round-robin instead.
@@ -214,7 +232,11 @@ def local_rank_specs(
 
 
 def _launch_local(
-    args: argparse.Namespace, active: dict[str, list[int]], gpu_ids: list[str], events_dir: str
+    args: argparse.Namespace,
+    active: dict[str, list[int]],
+    gpu_ids: list[str],
+    events_dir: str,
+    monitor: Monitor,
 ) -> int:
     ((host, slots),) = active.items()
     if host not in _LOCAL_HOSTS and host != socket.gethostname():
@@ -233,8 +255,9 @@ def _launch_local(
         gpu_ids=gpu_ids,
         events_dir=events_dir,
         cores=_cores(args, len(slots)),
+        monitor_endpoints=f"127.0.0.1:{monitor.port}",
     )
-    job = Job(len(specs), Path(events_dir), args.tag_output)
+    job = Job(len(specs), Path(events_dir), args.tag_output, monitor)
     return run_supervised(specs, job, timeout_s=args.timeout or None, grace_s=args.grace)
 
 
@@ -295,7 +318,9 @@ def _node_flags(args: argparse.Namespace) -> list[str]:
     return flags
 
 
-def _launch_remote(args: argparse.Namespace, active: dict[str, list[int]], launcher: str) -> int:
+def _launch_remote(
+    args: argparse.Namespace, active: dict[str, list[int]], launcher: str, monitor: Monitor
+) -> int:
     """ssh: one node launcher per host over the remote shell, each supervised (a host that fails stops the
     others); pdsh: the same node launchers through one pdsh, which ends when all of them have."""
     rsh = remote_shell(args.ssh_cmd, os.environ)
@@ -305,7 +330,9 @@ def _launch_remote(args: argparse.Namespace, active: dict[str, list[int]], launc
         )
     master_addr = args.master_addr or first_address(rsh, next(iter(active)))
     master_port = args.master_port or DEFAULT_REMOTE_MASTER_PORT
-    exports = exported_environment(os.environ, Path.cwd(), _exports(args))
+    exports = exported_environment(
+        os.environ, Path.cwd(), {**_exports(args), MONITOR_ENV: monitor.endpoints()}
+    )
     program_argv(args)  # its errors (--no_python with --module) here, before any host is reached
     world_info, program = encode_world_info(active), [args.user_script, *args.user_args]
     flags = _node_flags(args)
@@ -326,8 +353,10 @@ def _launch_remote(args: argparse.Namespace, active: dict[str, list[int]], launc
         specs = [ChildSpec("pdsh", cmd, dict(os.environ))]
     else:
         specs = host_specs(rsh, active, lambda node_rank: command_for(f"--node_rank={node_rank}"))
-    # ranks are counted on their own hosts; this level reports on the hosts (world size 0)
-    return run_supervised(specs, Job(0, Path("/nonexistent")), args.timeout or None, args.grace)
+    # this level's children are the hosts (world size 0); the monitor hears every rank on every host
+    return run_supervised(
+        specs, Job(0, Path("/nonexistent"), monitor=monitor), args.timeout or None, args.grace
+    )
 
 
 def _exports(args: argparse.Namespace) -> dict[str, str]:
@@ -340,8 +369,10 @@ def _exports(args: argparse.Namespace) -> dict[str, str]:
     return exports
 
 
-def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_dir: str) -> int:
-    extra = {**_exports(args), EVENTS_DIR_ENV: events_dir}
+def _launch_mpi(
+    args: argparse.Namespace, active: dict[str, list[int]], events_dir: str, monitor: Monitor
+) -> int:
+    extra = {**_exports(args), EVENTS_DIR_ENV: events_dir, MONITOR_ENV: monitor.endpoints()}
     if args.master_addr:
         extra["MASTER_ADDR"] = args.master_addr
     if args.master_port:
@@ -355,8 +386,19 @@ def _launch_mpi(args: argparse.Namespace, active: dict[str, list[int]], events_d
         [*shlex.split(args.launcher_args), *(["--tag-output"] if args.tag_output else [])],
     )
     print(f"ds-launch: running {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    job = Job(sum(len(slots) for slots in active.values()), Path(events_dir))
+    job = Job(sum(len(slots) for slots in active.values()), Path(events_dir), monitor=monitor)
     return run_supervised([ChildSpec("mpirun", cmd, dict(os.environ))], job, args.timeout or None, args.grace)
+
+
+@contextlib.contextmanager
+def _monitor(args: argparse.Namespace, active: dict[str, list[int]], exits_seen: bool) -> Iterator[Monitor]:
+    """The heartbeat monitor of one job (``_monitor``): every rank reports to it, from any host."""
+    world_size = sum(len(slots) for slots in active.values())
+    monitor = Monitor(world_size, args.heartbeat_timeout, args.stall_timeout, exits_seen=exits_seen)
+    try:
+        yield monitor
+    finally:
+        monitor.close()
 
 
 def _join_launcher_args(argv: list[str]) -> list[str]:
@@ -381,17 +423,26 @@ def run(argv: Sequence[str] | None = None) -> int:
         active, _ = _resources(args, gpu_ids)
         launcher = launcher or ("mpi" if len(active) > 1 else "local")
         if launcher in ("ssh", "pdsh"):
-            return _launch_remote(args, active, launcher)
+            with _monitor(
+                args, active, exits_seen=False
+            ) as monitor:  # every rank, on every host, reports to it
+                return _launch_remote(args, active, launcher, monitor)
         if launcher == "local":
             if len(active) > 1:
                 raise HostfileError(
                     f"The local launcher runs on one host, but {len(active)} are selected ({', '.join(active)}); "
                     "use --launcher ssh or mpi"
                 )
-            with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
-                return _launch_local(args, active, gpu_ids, events_dir)
-        with tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir:
-            return _launch_mpi(args, active, events_dir)
+            with (
+                tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir,
+                _monitor(args, active, exits_seen=True) as monitor,
+            ):
+                return _launch_local(args, active, gpu_ids, events_dir, monitor)
+        with (
+            tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir,
+            _monitor(args, active, exits_seen=False) as monitor,
+        ):
+            return _launch_mpi(args, active, events_dir, monitor)
     except (HostfileError, EnvFileError, MpirunNotFound, RemoteShellError) as exc:
         parser.error(str(exc))
     except (OSError, subprocess.SubprocessError) as exc:

@@ -1,5 +1,6 @@
 """ZeRO's collectives through shared memory, for gloo ranks on one host (ds-launch's and torchrun's
-single-node jobs).
+single-node jobs). "One host" is what the ranks report (hostname and boot id, ``host_identity``), never
+inferred from a file they can all open.
 
 gloo moves a same-host tensor through TCP loopback; here every rank maps one file in ``/dev/shm`` and
 the data crosses memory once each way. Measured on this 2-core machine (tools/bench_zero_mpi.py,
@@ -25,6 +26,7 @@ import mmap
 import os
 import platform
 import secrets
+import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -227,13 +229,41 @@ def _local_reason(group: dist.ProcessGroup | None) -> str | None:
     return None
 
 
+def host_identity() -> tuple[str, str]:
+    """What this host reports itself as: its hostname and the kernel's boot id. Two ranks share a host only
+    when both agree; a /dev/shm (or any file) that both can open proves nothing (a shared filesystem, a
+    tmpfs mounted into containers of different machines), and a hostname alone repeats across machines."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def _one_host(group: dist.ProcessGroup | None) -> str | None:
+    """None when every rank of ``group`` reports the same host, else why not (the same on every rank)."""
+    reported: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(reported, host_identity(), group=group)
+    if len(set(reported)) == 1:
+        return None
+    by_host: dict[str, list[int]] = {}
+    for rank, (hostname, _boot) in enumerate(reported):
+        by_host.setdefault(hostname, []).append(rank)
+    hosts = "; ".join(f"{name}: ranks {', '.join(map(str, ranks))}" for name, ranks in by_host.items())
+    return f"the group's ranks are on {len(set(reported))} hosts ({hosts}); shared memory joins ranks of one host"
+
+
 def enable(group: dist.ProcessGroup | None, agree: Callable[[bool, Any], bool]) -> ShmTransport | str:
-    """A shared-memory transport for ``group`` when every rank can map one file that its rank 0 made,
-    else why not, as this rank sees it. A collective over ``group`` (three small ones: qualify, mapped,
-    peers visible)."""
+    """A shared-memory transport for ``group`` when every rank reports the same host (``host_identity``)
+    and can map one file that its rank 0 made, else why not, as this rank sees it. A collective over
+    ``group`` (four small ones: qualify, same host, mapped, peers visible)."""
     reason = _local_reason(group)
     if not agree(reason is None, group):
         return reason or "this rank qualifies, another does not"
+    apart = _one_host(group)
+    if apart is not None:
+        return apart
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     size = _layout(world)[2]
     name = torch.zeros(512, dtype=torch.uint8)

@@ -4,8 +4,10 @@ Two exist, tried in this order when a reducer or optimizer is built (``enable``,
 group):
 
 - **MPI** (``_mpi.py``): under ``mpirun``, when ds_launch found the ranks through mpi4py;
-- **shared memory** (``_shm.py``): when every rank of a gloo group can map one file in ``/dev/shm``, i.e.
-  the ranks share a host (ds-launch's and torchrun's single-node jobs).
+- **shared memory** (``_shm.py``): when every rank of a gloo group reports the same host (hostname and
+  boot id: ``_shm.host_identity``) and can map one file in ``/dev/shm`` (ds-launch's and torchrun's
+  single-node jobs). A group spanning hosts keeps torch.distributed (or MPI), even where the hosts share a
+  /dev/shm or a filesystem.
 
 Anything a transport does not take (CUDA tensors, dtypes it has no sum for, a non-contiguous tensor)
 stays on torch.distributed. ``DS_ZERO_COLLECTIVES`` picks: ``auto`` (default: MPI, else shared memory),

@@ -1,0 +1,170 @@
+"""A rank's side of ds-launch's monitor: hello, a heartbeat every second, and how the rank ended.
+
+Loaded by ``_rank_entry`` (by path, standard library only: every rank pays for its imports). The launcher
+puts ``DS_LAUNCH_MONITOR=addr:port[,addr:port...]`` (each address of the launcher's host) in every rank's
+environment; the rank connects to the first that answers, from whatever host it runs on, so the launcher
+learns every rank's end without a shared filesystem, and notices a host that goes silent.
+
+The beats come from a small process forked from the rank before the script starts (before torch is
+imported), not from a thread: a thread needs the GIL, which an import or a C extension may hold for many
+seconds on a loaded machine, and a rank that is only busy must never read as a silent host. The beater
+reads the rank's progress from /proc (its main thread's CPU time, the bytes it read and wrote) and hears,
+over a pipe, where the rank's main thread is (from a thread of the rank: stale while the GIL is held,
+harmless) and how the rank ended. It ends with the rank: when the pipe closes or its parent is gone.
+
+One JSON object per line to the launcher: ``{"hello": rank, "host", "pid"}`` once, then ``{"beat": t,
+"cpu_s", "io_bytes", "where"}`` every ``BEAT_S``, finally ``{"end": record}`` (only when the rank said how
+it ended: a rank that vanished without one was killed, or its host lost).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+
+MONITOR_ENV = "DS_LAUNCH_MONITOR"
+BEAT_S = 1.0
+_CONNECT_TIMEOUT_S = 10.0
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+class Heartbeat:
+    """The rank's end of the pipe to its beater process."""
+
+    def __init__(self, write_fd: int) -> None:
+        self._fd: int | None = write_fd
+        self._lock = threading.Lock()
+        self._main_ident = threading.get_ident()
+        os.register_at_fork(after_in_child=self._forget)  # a forked worker must not keep the beater alive
+        threading.Thread(target=self._report_where, name="ds-launch-where", daemon=True).start()
+
+    def _forget(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _send(self, message: dict) -> None:
+        data = (json.dumps(message) + "\n").encode()
+        with self._lock:
+            if self._fd is None:
+                return
+            try:
+                os.write(self._fd, data)
+            except OSError:
+                self._forget()  # the beater is gone; the rank goes on as a plain script would
+
+    def _report_where(self) -> None:
+        while self._fd is not None:
+            frame = sys._current_frames().get(self._main_ident)
+            if frame is not None:
+                code = frame.f_code
+                self._send(
+                    {"where": f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"}
+                )
+            time.sleep(BEAT_S)
+
+    def end(self, record: dict) -> None:
+        """Say how the rank ends (before the at-exit teardown, which can hang or be killed)."""
+        self._send({"end": record})
+        with self._lock:
+            self._forget()
+
+
+def start_from_env(rank: int | None) -> Heartbeat | None:
+    endpoints = os.environ.get(MONITOR_ENV)
+    if not endpoints or rank is None:
+        return None
+    read_fd, write_fd = os.pipe()
+    parent = os.getpid()
+    if os.fork() == 0:  # the beater
+        os.close(write_fd)
+        try:
+            _beat(rank, endpoints, parent, read_fd)
+        finally:
+            os._exit(0)
+    os.close(read_fd)
+    return Heartbeat(write_fd)
+
+
+def _connect(rank: int, endpoints: str) -> socket.socket | None:
+    for endpoint in endpoints.split(","):
+        addr, _, port = endpoint.rpartition(":")
+        try:
+            return socket.create_connection((addr.strip("[]"), int(port)), _CONNECT_TIMEOUT_S)
+        except (OSError, ValueError):
+            continue
+    print(f"ds-launch: rank {rank} on {socket.gethostname()} cannot reach the launcher's monitor at {endpoints}: "
+          "the launcher will not see this rank's heartbeat or its end", file=sys.stderr, flush=True)  # fmt: skip
+    return None
+
+
+def _beat(rank: int, endpoints: str, parent: int, pipe: int) -> None:
+    """The beater's life: forward the rank's messages, beat every second, end with the rank."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the rank decides how a signal ends it; the beater follows it
+    sock = _connect(rank, endpoints)
+    if sock is None:
+        return
+    sock.settimeout(None)
+    # the rank's output pipes are the rank's: a launcher waiting for their end must not wait for the beater
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    send = sock.sendall
+    send((json.dumps({"hello": rank, "host": socket.gethostname(), "pid": parent}) + "\n").encode())
+    pending, where, next_beat = b"", "", 0.0
+    try:
+        while os.getppid() == parent:
+            now = time.monotonic()
+            if now >= next_beat:
+                beat = {
+                    "beat": time.time(),
+                    "cpu_s": _cpu_s(parent),
+                    "io_bytes": _io_bytes(parent),
+                    "where": where,
+                }
+                send((json.dumps(beat) + "\n").encode())
+                next_beat = now + BEAT_S
+            ready, _, _ = select.select([pipe], [], [], max(0.0, next_beat - time.monotonic()))
+            if not ready:
+                continue
+            chunk = os.read(pipe, 1 << 16)
+            if not chunk:
+                return  # the rank exited without saying how: the launcher sees the connection close
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                message = json.loads(line)
+                if "end" in message:
+                    send(line + b"\n")
+                    return
+                where = message.get("where", where)
+    except (OSError, ValueError):
+        pass  # the launcher is gone
+    finally:
+        sock.close()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU time of ``pid``'s main thread (torch's kernels run on it; a blocked collective spends none)."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS_PER_S  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def _io_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            counts = dict(line.split(": ") for line in f.read().splitlines())
+        return int(counts["rchar"]) + int(counts["wchar"])
+    except (OSError, KeyError, ValueError):
+        return 0
