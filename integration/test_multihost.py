@@ -1,9 +1,10 @@
 """ZeRO across real (namespace) hosts: ``ds-launch --hostfile`` through mpirun and the test hosts' ssh-like agent.
 
-Three launches of 4 ranks: every ZeRO stage, fp32 and bf16, with and without CPU offload, on 3 hosts (node0 with
+Four launches of 4 ranks: every ZeRO stage, fp32 and bf16, with and without CPU offload, on 3 hosts (node0 with
 2 ranks, node1 and node2 with 1: uneven local world sizes), checkpoints at step 3; the checkpoints resumed on
 2 hosts (node1 and node2, 2 ranks each, launched from node0) and on 1 host (node2's 4 ranks, ds-launch's local
-launcher run there). The hosts share one /dev/shm (``own_shm=False``), so a file every rank
+launcher run there). Between them a 2 x 2 job loses node1 after its step-3 checkpoint: it must fail, naming
+the host, and its checkpoint must resume like the others. The hosts share one /dev/shm (``own_shm=False``), so a file every rank
 can open is there to mislead: ZeRO's shared-memory transport (asked for by name) must still refuse a group
 that spans hosts, and take the group of one host. Losses equal single-process torch (the same tolerance as
 test_engine_parity.py), and the resumes equal the uninterrupted run.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -34,19 +36,18 @@ CONFIGS = [f"stage{s}-{p}-gas{g}" for s, p, g in
            [(0, "fp32", 1), (0, "bf16", 4), (1, "fp32", 4), (1, "bf16", 1), (2, "fp32", 1), (2, "bf16", 4),
             (3, "fp32", 1), (3, "bf16", 4)]] + ["stage2-fp32-gas1-offload", "stage3-fp32-gas1-offload"]  # fmt: skip
 RESUME = ["stage2-bf16-gas4", "stage3-fp32-gas1"]
+FAULT_CONFIG = "stage2-fp32-gas1"  # trained on 2 hosts until one is lost; its step-3 checkpoint resumes
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2}  # against plain fp32 torch on one process (test_engine_parity.py)
 
 
-def _launch(
-    cluster: Cluster, slots: dict[str, int], out: Path, *args: str, on: str = "node0"
-) -> tuple[dict, str]:
-    """``ds-launch`` started on host ``on`` with a hostfile of ``slots``: mpirun across hosts, or the local
-    launcher where the hostfile names only ``on``."""
+ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTHONUNBUFFERED": "1",
+       "OMP_NUM_THREADS": "1", "DS_ZERO_COLLECTIVES": "shm"}  # fmt: skip
+
+
+def _argv(cluster: Cluster, slots: dict[str, int], out: Path, *args: str) -> list[str]:
     hostfile = cluster.hostfile(out.with_suffix(".hosts"), slots=slots, names=list(slots))
-    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTHONUNBUFFERED": "1",
-           "OMP_NUM_THREADS": "1", "DS_ZERO_COLLECTIVES": "shm"}  # fmt: skip
     launcher_args = f"--mca plm_rsh_agent {cluster.ssh} -x DS_ZERO_COLLECTIVES=shm -x OMP_NUM_THREADS=1"
-    argv = [
+    return [
         "ds-launch",
         "--hostfile",
         str(hostfile),
@@ -56,10 +57,39 @@ def _launch(
         str(out),
         *args,
     ]
-    proc = cluster.run(on, argv, env=env, cwd=str(cluster.shared), timeout=900)
+
+
+def _launch(
+    cluster: Cluster, slots: dict[str, int], out: Path, *args: str, on: str = "node0"
+) -> tuple[dict, str]:
+    """``ds-launch`` started on host ``on`` with a hostfile of ``slots``: mpirun across hosts, or the local
+    launcher where the hostfile names only ``on``."""
+    proc = cluster.run(on, _argv(cluster, slots, out, *args), env=ENV, cwd=str(cluster.shared), timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     return json.loads(out.read_text()), log
+
+
+def _lose_a_host_after_a_checkpoint(cluster: Cluster, ckpt: Path) -> tuple[int, str]:
+    """2 x 2 ranks train FAULT_CONFIG for ever, saving at step 3; node1 is lost once the checkpoint is
+    there. Returns ds-launch's exit code and output."""
+    out = cluster.shared / "fault.json"
+    argv = _argv(cluster, {"node0": 2, "node1": 2}, out, "--only", FAULT_CONFIG, "--steps", "100000",
+                 "--save", str(ckpt), "--save-at", "3")  # fmt: skip
+    job = cluster.popen("node0", argv, env=ENV, cwd=str(cluster.shared), stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    latest = ckpt / FAULT_CONFIG / "latest"
+    deadline = time.monotonic() + 600
+    while not latest.exists():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()[0][-4000:]
+        time.sleep(0.2)
+    time.sleep(2)  # training on past the checkpoint
+    cluster.kill_host("node1")
+    try:
+        log = job.communicate(timeout=300)[0]
+    finally:
+        cluster.heal("node1")
+    return job.returncode, log
 
 
 @pytest.fixture(scope="module")
@@ -74,11 +104,13 @@ def runs(tmp_path_factory) -> dict:
         save_for = [a for name in RESUME for a in ("--save-for", name)]
         three = _launch(cluster, {"node0": 2, "node1": 1, "node2": 1}, cluster.shared / "three.json", *only,
                         "--save", str(ckpt), "--save-at", "3", *save_for)  # fmt: skip
-        resume = [a for name in RESUME for a in ("--resume", f"{name}:{name}")]
+        fault = _lose_a_host_after_a_checkpoint(cluster, ckpt)
+        resume = [a for name in [*RESUME, FAULT_CONFIG] for a in ("--resume", f"{name}:{name}")]
         resume += ["--load", str(ckpt), "--start", "3", "--steps", "3"]
         two = _launch(cluster, {"node1": 2, "node2": 2}, cluster.shared / "two.json", *resume)
         one = _launch(cluster, {"node2": 4}, cluster.shared / "one.json", *resume, on="node2")
-    return {"reference": json.loads(reference.read_text())["losses"], "three": three, "two": two, "one": one}
+    return {"reference": json.loads(reference.read_text())["losses"], "three": three, "two": two, "one": one,
+            "fault": fault}  # fmt: skip
 
 
 def _max_rel(a: list[float], b: list[float]) -> float:
@@ -125,3 +157,17 @@ def test_checkpoint_of_three_hosts_resumes_on_two_and_on_one(runs):
             tol = 1e-5 if "fp32" in name else 1e-3
             err = _max_rel(resumed[f"{name}<-{name}"], three[name][3:])
             assert err <= tol, f"{name} saved on 3 hosts, resumed on {where}: {err:.2e}"
+
+
+def test_a_job_that_lost_a_host_fails_and_its_last_checkpoint_resumes(runs):
+    """node1 lost after the step-3 checkpoint: ds-launch fails naming node1 (mpirun alone exits 0), and the
+    checkpoint, resumed on 2 hosts and on 1, trains on exactly as the 3-host run of the same config."""
+    code, log = runs["fault"]
+    assert code != 0, log[-4000:]
+    assert "on node1" in log and ("ranks 2, 3 on node1" in log or "host node1 (ranks 2, 3)" in log), log[
+        -4000:
+    ]
+    uninterrupted = runs["three"][0]["losses"][FAULT_CONFIG][3:]
+    for where in ("two", "one"):
+        err = _max_rel(runs[where][0]["losses"][f"{FAULT_CONFIG}<-{FAULT_CONFIG}"], uninterrupted)
+        assert err <= 1e-5, f"the checkpoint of the failed job, resumed on {where}: {err:.2e}"

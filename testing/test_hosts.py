@@ -26,10 +26,10 @@ def test_each_host_has_its_own_hostname_shm_and_address(cluster):
         assert _sh(cluster, name, "hostname").stdout.strip() == name
         addrs = _sh(cluster, name, "ip -4 -o addr show dev eth0").stdout
         assert f"{cluster.address(name)}/24" in addrs
-    _sh(cluster, "node0", "echo mine > /dev/shm/dsth_probe")
-    assert _sh(cluster, "node0", "cat /dev/shm/dsth_probe").stdout == "mine\n"
-    assert _sh(cluster, "node1", "cat /dev/shm/dsth_probe").returncode != 0
-    assert not Path("/dev/shm/dsth_probe").exists()  # nor on the machine itself
+    _sh(cluster, "node0", f"echo mine > /dev/shm/{cluster.prefix}_probe")
+    assert _sh(cluster, "node0", f"cat /dev/shm/{cluster.prefix}_probe").stdout == "mine\n"
+    assert _sh(cluster, "node1", f"cat /dev/shm/{cluster.prefix}_probe").returncode != 0
+    assert not Path(f"/dev/shm/{cluster.prefix}_probe").exists()  # nor on the machine itself
     (cluster.shared / "note").write_text("seen everywhere")
     assert _sh(cluster, "node2", f"cat {cluster.shared}/note").stdout == "seen everywhere"
 

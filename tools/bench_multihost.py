@@ -98,7 +98,10 @@ def _launch(
     cluster: Cluster, hostfile: Path, script: Path, *args: str, launcher_args: str = ""
 ) -> tuple[int, str]:
     argv = ["ds-launch", "--hostfile", str(hostfile), "--launcher", "mpi",
-            "--launcher_args", f"--mca plm_rsh_agent {cluster.ssh} {launcher_args}", str(script), *args]  # fmt: skip
+            # the hosts share this machine's cores: no binding (mpirun would bind both hosts' ranks to the same
+            # cores), and 1 host x 4 ranks on 2 cores is oversubscribed
+            "--launcher_args", f"--mca plm_rsh_agent {cluster.ssh} --bind-to none --oversubscribe {launcher_args}",
+            str(script), *args]  # fmt: skip
     proc = cluster.run("node0", argv, env=MPI_ENV, cwd=str(cluster.shared), timeout=1800)
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -174,7 +174,8 @@ class Cluster:
                 hosts_file,
                 str(pidfile),
                 tmp,
-            ],  # fmt: skip
+                "own" if self._own_shm else "shared",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
