@@ -30,6 +30,7 @@ a ``DIFFERS`` entry with nothing differing, a pending name that is no longer mis
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -50,6 +51,7 @@ END = "<!-- END GENERATED -->"
 STATUSES = ("provided", "not available", "absent", "differs", "pending")
 
 
+@functools.lru_cache(maxsize=1)
 def _table() -> Any:
     spec = importlib.util.spec_from_file_location(
         "deepspeed_surface_table", ROOT / "tools/deepspeed_surface_table.py"
@@ -127,6 +129,14 @@ def compare_signatures(theirs: list[list[str]] | None, ours: list[list[str]] | N
     return "; ".join(problems) or None
 
 
+def _as_json(value: Any) -> Any:
+    """The value as the record holds it (through JSON: tuples are lists); itself where JSON cannot hold it."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return value
+
+
 def _kind_of(value: Any) -> str:
     if inspect.ismodule(value):
         return "module"
@@ -175,6 +185,10 @@ class Item:
     reason: str = ""
     alias: str = ""  # where DeepSpeed defines the name, when this path re-exports it
 
+    @property
+    def is_method(self) -> bool:
+        return self.path.count(".") > self.module.count(".") + 1
+
 
 @dataclass
 class Result:
@@ -222,7 +236,8 @@ def _classify(
                 alias=alias,
             )
         ]
-    if "value" in full and item["kind"] == "constant" and value != full["value"]:
+    compared = path not in _table().MACHINE_DEPENDENT
+    if compared and "value" in full and item["kind"] == "constant" and _as_json(value) != full["value"]:
         return [
             Item(path, module_name, "wrong", f"value {value!r}, DeepSpeed's {full['value']!r}", alias=alias)
         ]
@@ -320,8 +335,8 @@ def check() -> Result:
 def render(result: Result) -> str:
     table = _table()
     record = json.loads(RECORD.read_text())
-    names = [i for i in result.items if i.path.count(".") == i.module.count(".") + 1]
-    methods = [i for i in result.items if i not in names]
+    names = [i for i in result.items if not i.is_method]
+    methods = [i for i in result.items if i.is_method]
     total = Counter(i.status for i in names)
     mtotal = Counter(i.status for i in methods)
     lines = [
@@ -365,12 +380,12 @@ def render(result: Result) -> str:
             continue
         cells = []
         for status in ("provided", "not available", "absent", "differs", "pending"):
-            n = sum(1 for i in items if i.status == status and i in names)
-            m = sum(1 for i in items if i.status == status and i not in names)
+            n = sum(1 for i in items if i.status == status and not i.is_method)
+            m = sum(1 for i in items if i.status == status and i.is_method)
             cells.append(f"{n}" + (f" ({m})" if m else ""))
         lines.append(f"| `{module}` | " + " | ".join(cells) + " |")
     for key, modules in sorted(grouped.items()):
-        count = sum(1 for i in result.items if i.module in modules and i in names)
+        count = sum(len([i for i in per_module.get(m, []) if not i.is_method]) for m in modules)
         label = f"`{key}`" + (f" ({len(modules)} modules)" if len(modules) > 1 else "")
         lines.append(f"| {label} | 0 | 0 | {count} | 0 | 0 |")
     lines += [

@@ -166,7 +166,7 @@ ABSENT: dict[str, str] = {
         "DeepSpeed's fp16 optimizer's timer names and the methods of its internals: ds's fp16 optimizer is "
         "ds_precision.MixedPrecisionOptimizer (isinstance(opt, FP16_Optimizer) holds for it)"
     ),
-    "deepspeed.runtime.fp16.unfused_optimizer": "ds has one fp16 wrapper for every optimizer: isinstance(opt, FP16_Optimizer) holds for it",
+    "deepspeed.runtime.fp16.unfused_optimizer": "the methods of DeepSpeed's unfused fp16 optimizer's internals: ds's is ds_precision.MixedPrecisionOptimizer (isinstance holds for it)",
     "deepspeed.runtime.fp16.loss_scaler": "DeepSpeed's loss scaler classes: ds_precision.DynamicLossScaler / StaticLossScaler, built from the fp16 section",
     "deepspeed.runtime.bf16_optimizer": (
         "the methods of DeepSpeed's bf16 optimizer's internals: ds's bf16 optimizer below ZeRO is "
@@ -197,7 +197,6 @@ ABSENT: dict[str, str] = {
     ),
     "deepspeed.utils.safe_update_full_grad_vectorized": "not provided (see the safe_get section)",
     "deepspeed.runtime.dataloader": _INTERNAL,
-    "deepspeed.runtime.constants": _INTERNAL,
     "deepspeed.constants.default_pg_timeout": "ds's process-group timeout is ds-launch's (ds_launch.init_distributed)",
 }
 
@@ -248,4 +247,9 @@ DIFFERS: dict[str, str] = {
     "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3": (
         "ds_zero.ZeroStage3Optimizer's constructor (module, optimizer, options, ...): built by deepspeed.initialize()"
     ),
+}
+
+# Constants whose value depends on the machine (compared by kind only, so the check answers the same on a GPU).
+MACHINE_DEPENDENT: dict[str, str] = {
+    "deepspeed.git_version_info.accelerator_name": "cpu or cuda, as the machine has",
 }

@@ -53,7 +53,56 @@ PRIVATE = {
     "deepspeed.runtime.engine": ["DeepSpeedEngine._zero3_consolidated_16bit_state_dict"],
     # Lightning's convert_zero_checkpoint_to_fp32_state_dict and DeepSpeed's own zero_to_fp32 script users
     "deepspeed.utils.zero_to_fp32": ["_get_fp32_state_dict_from_zero_checkpoint"],
+    # DeepSpeed's unit tests and user code skip what the machine cannot run: deepspeed.ops.__compatible_ops__[NAME]
+    "deepspeed.ops": ["__compatible_ops__"],
 }
+# Calls whose results code depends on (path, args): recorded as the value returned or the exception's class,
+# compared by packages/deepspeed/tests/test_surface_behaviour.py.
+CALLS = [
+    ("deepspeed.checkpoint.utils.get_model_ckpt_name_for_rank", ["ckpt/global_step3", "00"]),
+    ("deepspeed.checkpoint.utils.get_model_ckpt_name_for_rank", ["/abs/dir", "07"]),
+    ("deepspeed.checkpoint.utils.get_zero_ckpt_name_for_rank", ["ckpt/global_step3", 1, 0]),
+    ("deepspeed.checkpoint.utils.get_zero_ckpt_name_for_rank", ["ckpt", 12, 3]),
+    ("deepspeed.checkpoint.utils.get_layer_ckpt_name_for_rank", ["ckpt", "layer_01", 2]),
+    ("deepspeed.utils.numa.parse_range", ["3"]),
+    ("deepspeed.utils.numa.parse_range", ["2-5"]),
+    ("deepspeed.utils.numa.parse_range", ["5-2"]),
+    ("deepspeed.utils.numa.parse_range", ["1-2-3"]),
+    ("deepspeed.utils.numa.parse_range", ["x"]),
+    ("deepspeed.utils.numa.parse_range_list", ["0-3,8,10-11"]),
+    ("deepspeed.utils.numa.parse_range_list", ["0-3,2"]),
+    ("deepspeed.utils.numa.parse_range_list", ["4,1"]),
+    ("deepspeed.utils.torch.required_torch_version", [2.1]),
+    ("deepspeed.utils.torch.required_torch_version", ["2.2", "99.0"]),
+    ("deepspeed.utils.torch.required_torch_version", [None, 1.0]),
+    ("deepspeed.utils.torch.required_torch_version", []),
+]
+# Engines whose optimizer code tests with isinstance: config additions (a client torch AdamW, world of 1)
+ENGINES = {
+    "fp32.zero0": {},
+    "bf16.zero0": {"bf16": {"enabled": True}},
+    "fp32.zero1": {"zero_optimization": {"stage": 1}},
+    "bf16.zero1": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 1}},
+    "bf16.zero1.fp32_accum": {
+        "bf16": {"enabled": True},
+        "zero_optimization": {"stage": 1},
+        "data_types": {"grad_accum_dtype": "fp32"},
+    },
+    "fp32.zero2": {"zero_optimization": {"stage": 2}},
+    "bf16.zero2": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 2}},
+    "fp32.zero3": {"zero_optimization": {"stage": 3}},
+    "bf16.zero3": {"bf16": {"enabled": True}, "zero_optimization": {"stage": 3}},
+}
+# DeepSpeed's optimizer classes, by path
+OPTIMIZER_CLASSES = [
+    "deepspeed.runtime.base_optimizer.DeepSpeedOptimizer",
+    "deepspeed.runtime.base_optimizer.ZeROOptimizer",
+    "deepspeed.runtime.bf16_optimizer.BF16_Optimizer",
+    "deepspeed.runtime.fp16.fused_optimizer.FP16_Optimizer",
+    "deepspeed.runtime.fp16.unfused_optimizer.FP16_UnfusedOptimizer",
+    "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer",
+    "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3",
+]
 _KINDS = {
     inspect.Parameter.POSITIONAL_ONLY: "p",
     inspect.Parameter.POSITIONAL_OR_KEYWORD: "pk",
@@ -175,7 +224,7 @@ def describe(value: Any) -> dict[str, Any]:
         except (TypeError, ValueError):
             text = None
         if text is not None and len(text) <= _SMALL and not isinstance(value, (set, frozenset)):
-            entry["value"] = value
+            entry["value"] = json.loads(text)  # a copy (module globals change later), tuples as lists
     return entry
 
 
@@ -249,7 +298,9 @@ def record() -> dict[str, Any]:
             entry[public] = describe(getattr(module, public))
         for private in PRIVATE.get(name, []):
             owner, _, attr = private.rpartition(".")
-            if owner:
+            if private.startswith("__"):
+                entry[private] = describe(getattr(module, private))
+            elif owner:
                 cls_entry = entry[owner]
                 raw = inspect.getattr_static(getattr(module, owner), attr)
                 cls_entry["methods"][attr] = {"kind": "method", "signature": signature(raw)}
@@ -265,6 +316,7 @@ def record() -> dict[str, Any]:
         "private": PRIVATE,
         "modules": dict(sorted(modules.items())),
         "import_errors": dict(sorted(failed.items())),
+        "behaviour": record_behaviour(),
     }
 
 
@@ -274,6 +326,48 @@ class ImportTimeout(Exception):
 
 def _alarm(signum: int, frame: Any) -> None:
     raise ImportTimeout(f"import took more than {IMPORT_TIMEOUT_S} s (an op build waiting on a lock?)")
+
+
+def _resolve(path: str) -> Any:
+    module, _, name = path.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def call_result(path: str, args: list[Any]) -> dict[str, Any]:
+    """``{"returned": JSON value}`` or ``{"raised": exception class name}`` (ranges become lists)."""
+    try:
+        value = _resolve(path)(*args)
+    except Exception as exc:  # noqa: BLE001 - the class is what is recorded
+        return {"raised": type(exc).__name__}
+    return {"returned": list(value) if isinstance(value, range) else value}
+
+
+def optimizer_classes(deepspeed: Any, torch: Any, extra: dict[str, Any]) -> dict[str, bool]:
+    """Which of OPTIMIZER_CLASSES ``isinstance`` holds for, for the engine built with ``extra``."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if extra.get("bf16", {}).get("enabled") else torch.float32
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 2)).to(dtype)
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_allow_untested_optimizer": True, **extra}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    engine = deepspeed.initialize(model=model, optimizer=optimizer, config=config)[0]
+    return {path: isinstance(engine.optimizer, _resolve(path)) for path in OPTIMIZER_CLASSES}
+
+
+def record_behaviour() -> dict[str, Any]:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+    )
+    import deepspeed
+    import torch
+
+    calls = [{"path": path, "args": args, **call_result(path, args)} for path, args in CALLS]
+    engines = {name: optimizer_classes(deepspeed, torch, extra) for name, extra in ENGINES.items()}
+    return {"calls": calls, "engines": {"configs": ENGINES, "isinstance": engines}}
 
 
 def _error_text() -> str:

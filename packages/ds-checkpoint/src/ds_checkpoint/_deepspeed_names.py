@@ -22,5 +22,5 @@ def zero_ckpt_name_for_rank(base_folder: str, dp_rank: int, mp_rank: int) -> str
 
 
 def layer_ckpt_name_for_rank(base_folder: str, layer_id: str, tp_rank: int) -> str:
-    """``<base_folder>/<layer_id>-model_<tp:02d>-model_states.pt`` (a pipeline layer's file)."""
-    return os.path.join(base_folder, f"{layer_id}-model_{tp_rank:02d}-model_states.pt")
+    """``<base_folder>/<layer_id>-model_<tp:02d>_model_states.pt`` (a pipeline layer's file)."""
+    return os.path.join(base_folder, f"{layer_id}-model_{tp_rank:02d}_model_states.pt")
