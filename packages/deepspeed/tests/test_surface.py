@@ -177,3 +177,14 @@ def test_compatible_ops_answer_for_ds():
     ops = deepspeed.ops.__compatible_ops__
     assert set(ops) >= {b.NAME for b in ALL_OPS.values()}
     assert ops["cpu_adam"] and not ops["async_io"]
+
+
+def test_see_memory_usage_prints_only_when_forced(capsys):
+    """DeepSpeed's examples call it around steps; DeepSpeed prints nothing without force=True."""
+    from deepspeed.runtime.utils import see_memory_usage
+
+    see_memory_usage("quiet")
+    assert capsys.readouterr().out == ""
+    see_memory_usage("after step", force=True)
+    out = capsys.readouterr().out
+    assert out.startswith("after step\nMA ") and "CPU Virtual Memory:  used = " in out
