@@ -346,7 +346,7 @@ def render(result: Result) -> str:
         "",
         f"DeepSpeed {record['deepspeed']}'s public surface as recorded by `tools/record_deepspeed_surface.py` "
         f"({len(record['modules'])} modules that import on CPU, {len(names)} names, {len(methods)} public "
-        "methods of its classes), checked against ds's `deepspeed` by `tools/check_deepspeed_surface.py` "
+        "methods of the classes ds provides), checked against ds's `deepspeed` by `tools/check_deepspeed_surface.py` "
         "in CI. **Provided**: same kind and a signature that accepts the same calls (a constant: the same "
         "value). **Not available**: importable, raises `FeatureNotAvailableError` naming the feature at use. "
         "**Absent**: not in ds, for the reason listed below. **Differs**: provided with a listed difference. "
@@ -388,6 +388,13 @@ def render(result: Result) -> str:
         count = sum(len([i for i in per_module.get(m, []) if not i.is_method]) for m in modules)
         label = f"`{key}`" + (f" ({len(modules)} modules)" if len(modules) > 1 else "")
         lines.append(f"| {label} | 0 | 0 | {count} | 0 | 0 |")
+    errors = record.get("import_errors", {})
+    lines += [
+        "",
+        f"Not checked: {len(errors)} modules that do not import on CPU under DeepSpeed 0.19.8 itself: "
+        + ", ".join(f"`{m}` ({e.split(':')[0]})" for m, e in sorted(errors.items()))
+        + ".",
+    ]
     lines += [
         "",
         "### Why each absent name is absent",

@@ -49,6 +49,7 @@ from deepspeed.pipe import PipelineModule  # noqa: E402
 from deepspeed.runtime import zero  # noqa: E402
 from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError  # noqa: E402
+from deepspeed.utils.init_on_device import OnDevice  # noqa: E402
 from deepspeed.utils.logging import logger  # noqa: E402
 
 checkpointing = ds_engine.checkpointing
@@ -88,12 +89,6 @@ DeepSpeedTransformerConfig = _missing_class(
     "DeepSpeedTransformerConfig",
     "DeepSpeed's fused transformer kernels (deepspeed.ops.transformer)",
     "Use a torch transformer layer.",
-)
-OnDevice = _missing_class(
-    __name__,
-    "OnDevice",
-    "DeepSpeed's OnDevice (building a model on the meta or a chosen device)",
-    "Build the model under torch.device('meta') or use deepspeed.zero.Init.",
 )
 
 # Config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference and
