@@ -25,6 +25,11 @@ run with the real DeepSpeed). Each recorded name of each recorded module is exac
 
 Anything else fails, and so does a stale table entry: an ``ABSENT`` entry none of whose names is missing,
 a ``DIFFERS`` entry with nothing differing, a pending name that is no longer missing.
+
+After merging a branch whose names are pending: ``--prune-pending`` drops the names it provided (or made
+not available); the names still pending are gaps, to fill or to move into ``ABSENT``/``DIFFERS`` with a
+reason (``--gaps PREFIX`` lists them with what differs); then ``--write`` and commit the docs.
+A new DeepSpeed release: rerun ``tools/record_deepspeed_surface.py`` with it and work through the failures.
 """
 
 from __future__ import annotations
