@@ -101,3 +101,24 @@ def test_node_launcher_stops_its_ranks_when_its_parent_goes(tmp_path):
     parent = subprocess.run(["/bin/sh", "-c", f"{node} > /dev/null 2>&1 & {wait}"], timeout=60)
     assert parent.returncode == 0 and sorted(records(tmp_path)) == [0, 1]
     assert wait_no_survivors(marker, within_s=15) == []
+
+
+def test_terminate_process_tree_ends_children_and_grandchildren():
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from ds_launch import terminate_process_tree
+
+    # a shell whose child shell has a child of its own: three generations, none of which exits by itself
+    root = subprocess.Popen(["sh", "-c", "sh -c 'sleep 300 & wait' & sleep 300 & wait"])
+    deadline = time.monotonic() + 20
+    from ds_launch._supervise import _alive, _descendants
+
+    while len(_descendants(root.pid)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    tree = [*_descendants(root.pid), root.pid]
+    assert len(tree) >= 4, tree
+    terminate_process_tree(root.pid, grace_s=5)
+    root.wait(timeout=10)
+    assert not any(_alive(p) for p in tree), [p for p in tree if Path(f"/proc/{p}").exists()]

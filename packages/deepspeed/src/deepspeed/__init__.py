@@ -14,6 +14,7 @@ beside it (see ``deepspeed._shadow``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -23,8 +24,8 @@ from ds_engine import init_distributed as _ds_init_distributed
 from ds_engine import initialize as _ds_initialize
 
 from deepspeed import _shadow
+from deepspeed._version import __version__
 
-__version__ = "0.19.8+ds.0.1.0"
 # the DeepSpeed release whose public API this package maps
 DEEPSPEED_API_VERSION = __version__.split("+")[0]
 __version_major__, __version_minor__, __version_patch__ = (int(p) for p in DEEPSPEED_API_VERSION.split("."))
@@ -36,8 +37,19 @@ IMPLEMENTATION = f"ds {ds_engine.__version__} (DeepSpeed {DEEPSPEED_API_VERSION}
 
 _shadow.warn_conflicts()
 
+from ds_engine._missing import missing_class as _missing_class  # noqa: E402
+
 from deepspeed import accelerator, checkpoint, comm, launcher, moe, ops, pipe, runtime, utils  # noqa: E402
+from deepspeed import constants as constants  # noqa: E402
+from deepspeed import git_version_info as git_version_info  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
+from deepspeed.constants import TORCH_DISTRIBUTED_DEFAULT_PORT  # noqa: E402
+from deepspeed.git_version_info import git_branch, git_hash, version  # noqa: E402
+from deepspeed.pipe import PipelineModule  # noqa: E402
 from deepspeed.runtime import zero  # noqa: E402
+from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer  # noqa: E402
+from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError  # noqa: E402
+from deepspeed.utils.init_on_device import OnDevice  # noqa: E402
 from deepspeed.utils.logging import logger  # noqa: E402
 
 checkpointing = ds_engine.checkpointing
@@ -47,6 +59,38 @@ dist = comm
 
 _announced = False
 
+# DeepSpeed's top-level classes of features ds does not have: importable, fail at use naming the feature
+PipelineEngine = _missing_class(
+    __name__,
+    "PipelineEngine",
+    "pipeline parallelism (deepspeed.pipe)",
+    "ds trains one module, data parallel with ZeRO.",
+)
+InferenceEngine = _missing_class(
+    __name__,
+    "InferenceEngine",
+    "DeepSpeed-Inference (deepspeed.init_inference)",
+    "Run the model with torch for inference.",
+)
+DeepSpeedHybridEngine = _missing_class(
+    __name__,
+    "DeepSpeedHybridEngine",
+    "DeepSpeed's hybrid (RLHF) engine",
+    "Use deepspeed.initialize's engine.",
+)
+DeepSpeedTransformerLayer = _missing_class(
+    __name__,
+    "DeepSpeedTransformerLayer",
+    "DeepSpeed's fused transformer kernels (deepspeed.ops.transformer)",
+    "Use a torch transformer layer.",
+)
+DeepSpeedTransformerConfig = _missing_class(
+    __name__,
+    "DeepSpeedTransformerConfig",
+    "DeepSpeed's fused transformer kernels (deepspeed.ops.transformer)",
+    "Use a torch transformer layer.",
+)
+
 # Config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference and
 # spec/decisions.md): 0.19 clips gradients to norm 1.0 unless the config says otherwise, and its fp16 loss
 # scale starts at 2**16 (ds_engine's at 2**32). Without these, a config that leaves the keys out (the
@@ -54,17 +98,53 @@ _announced = False
 DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0, "fp16": {"initial_scale_power": 16}}
 
 
-def initialize(*args: Any, **kwargs: Any) -> tuple[DeepSpeedEngine, Any, Any, Any]:
-    """DeepSpeed's ``deepspeed.initialize``: ds_engine's ``initialize``, then one log line saying ds runs.
+def initialize(
+    args: Any = None,
+    model: Any = None,
+    optimizer: Any = None,
+    model_parameters: Any = None,
+    training_data: Any = None,
+    lr_scheduler: Any = None,
+    distributed_port: int = TORCH_DISTRIBUTED_DEFAULT_PORT,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Any = None,
+    config: Any = None,
+    mesh_param: Any = None,
+    config_params: Any = None,
+    *,
+    config_strict: bool | None = None,
+    defaults: Any = None,
+) -> tuple[DeepSpeedEngine, Any, Any, Any]:
+    """DeepSpeed's ``deepspeed.initialize`` (its parameters, in its order): ds_engine's ``initialize``, then one
+    log line saying ds runs.
 
-    Every argument (``args``, ``model``, ``optimizer``, ``model_parameters``, ``training_data``,
-    ``lr_scheduler``, ``mpu``, ``dist_init_required``, ``collate_fn``, ``config``, ``config_params``)
-    is passed through unchanged; see :func:`ds_engine.initialize`. Keys the config leaves out take
-    DeepSpeed 0.19.8's defaults (:data:`DEEPSPEED_DEFAULTS`).
+    Every argument is passed to :func:`ds_engine.initialize` by name. Keys the config leaves out take
+    DeepSpeed 0.19.8's defaults (:data:`DEEPSPEED_DEFAULTS`) unless ``defaults`` says otherwise.
+    ``mesh_param`` (DeepSpeed's device mesh for tensor/sequence parallelism) is refused: ds is data parallel.
     """
     global _announced
-    kwargs.setdefault("defaults", DEEPSPEED_DEFAULTS)
-    result = _ds_initialize(*args, **kwargs)
+    if mesh_param is not None:
+        raise FeatureNotAvailableError(
+            "deepspeed.initialize(mesh_param=...): a device mesh for tensor/sequence parallelism is not available "
+            "in ds (DeepSpeed has it, ds does not). ds is data parallel: leave mesh_param unset."
+        )
+    result = _ds_initialize(
+        args=args,
+        model=model,
+        optimizer=optimizer,
+        model_parameters=model_parameters,
+        training_data=training_data,
+        lr_scheduler=lr_scheduler,
+        mpu=mpu,
+        dist_init_required=dist_init_required,
+        collate_fn=collate_fn,
+        config=config,
+        config_params=config_params,
+        distributed_port=distributed_port,
+        config_strict=config_strict,
+        defaults=DEEPSPEED_DEFAULTS if defaults is None else defaults,
+    )
     if not _announced and comm.get_rank() == 0:
         logging.getLogger("ds_engine").info("deepspeed is %s", IMPLEMENTATION)
     _announced = True
@@ -72,11 +152,29 @@ def initialize(*args: Any, **kwargs: Any) -> tuple[DeepSpeedEngine, Any, Any, An
 
 
 initialize.__wrapped__ = _ds_initialize  # type: ignore[attr-defined]
+initialize.__signature__ = inspect.signature(initialize, follow_wrapped=False)  # type: ignore[attr-defined]
 init_distributed = _ds_init_distributed
 
 __all__ = [
     "DEEPSPEED_API_VERSION",
     "DEEPSPEED_DEFAULTS",
+    "DeepSpeedConfig",
+    "DeepSpeedConfigError",
+    "DeepSpeedHybridEngine",
+    "DeepSpeedOptimizer",
+    "DeepSpeedTransformerConfig",
+    "DeepSpeedTransformerLayer",
+    "InferenceEngine",
+    "OnDevice",
+    "PipelineEngine",
+    "PipelineModule",
+    "TORCH_DISTRIBUTED_DEFAULT_PORT",
+    "constants",
+    "get_accelerator",
+    "git_branch",
+    "git_hash",
+    "git_version_info",
+    "version",
     "IMPLEMENTATION",
     "DeepSpeedEngine",
     "FeatureNotAvailableError",

@@ -10,9 +10,8 @@ from __future__ import annotations
 import torch
 from ds_engine.ops.op_builder import INSTALLED_OPS
 
-import deepspeed
+from deepspeed._version import __version__ as version
 
-version = deepspeed.__version__
 git_hash = "unknown"
 git_branch = "unknown"
 installed_ops = dict(INSTALLED_OPS)

@@ -3,6 +3,7 @@
 from ._clone import clone_tensors_for_torch_save
 from ._config_fields import CONFIG_FIELDS
 from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed
+from ._deepspeed_names import layer_ckpt_name_for_rank, model_ckpt_name_for_rank, zero_ckpt_name_for_rank
 from ._errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -27,6 +28,9 @@ from .activation import (
 
 __version__ = "0.1.0"
 __all__ = [
+    "layer_ckpt_name_for_rank",
+    "model_ckpt_name_for_rank",
+    "zero_ckpt_name_for_rank",
     "CONFIG_FIELDS",
     "__version__",
     # activation checkpointing (ds_checkpoint.activation holds the rest: reset, errors, settings)

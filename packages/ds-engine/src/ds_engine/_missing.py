@@ -1,7 +1,9 @@
 """Names of DeepSpeed features that ds does not have: importable, failing at use with the feature named.
 
 A script that merely imports ``deepspeed.pipe`` or ``deepspeed.moe`` (many do, unconditionally) keeps
-working; the first call to one of these names raises :class:`FeatureNotAvailableError`.
+working; the first call to one of these names raises :class:`FeatureNotAvailableError`. Each such name
+carries ``__ds_missing__`` (the feature), which ``tools/check_deepspeed_surface.py`` reads and then checks
+by calling the name.
 """
 
 from __future__ import annotations
@@ -27,7 +29,13 @@ def missing_class(module: str, name: str, feature: str, instead: str) -> type:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         _fail(f"{module}.{name}", feature, instead)
 
-    return type(name, (), {"__init__": __init__, "__module__": module, "__doc__": f"Not in ds: {feature}."})
+    namespace = {
+        "__init__": __init__,
+        "__module__": module,
+        "__doc__": f"Not in ds: {feature}.",
+        "__ds_missing__": feature,
+    }
+    return type(name, (), namespace)
 
 
 def missing_function(module: str, name: str, feature: str, instead: str) -> Any:
@@ -39,4 +47,5 @@ def missing_function(module: str, name: str, feature: str, instead: str) -> Any:
     missing.__name__ = missing.__qualname__ = name
     missing.__module__ = module
     missing.__doc__ = f"Not in ds: {feature}."
+    missing.__ds_missing__ = feature  # type: ignore[attr-defined]
     return missing

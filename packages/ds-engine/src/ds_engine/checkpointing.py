@@ -1,4 +1,10 @@
-"""DeepSpeed's ``deepspeed.checkpointing`` API (activation checkpointing), from ds-checkpoint."""
+"""DeepSpeed's ``deepspeed.checkpointing`` API (activation checkpointing), from ds-checkpoint.
+
+``non_reentrant_checkpoint`` is ds's one ``checkpoint``: DeepSpeed added it for functions whose inputs do not
+require grad, which ds's ``checkpoint`` already handles (gradients reach the parameters the function uses).
+Like ds's ``checkpoint``, and unlike DeepSpeed's non-reentrant one, it raises RuntimeError under
+``torch.autograd.grad``: use ``loss.backward()``.
+"""
 
 from ds_checkpoint.activation import (
     checkpoint,
@@ -11,6 +17,8 @@ from ds_checkpoint.activation import (
     reset,
 )
 
+non_reentrant_checkpoint = checkpoint
+
 __all__ = [
     "checkpoint",
     "configure",
@@ -19,5 +27,6 @@ __all__ = [
     "is_configured",
     "model_parallel_cuda_manual_seed",
     "model_parallel_manual_seed",
+    "non_reentrant_checkpoint",
     "reset",
 ]

@@ -16,6 +16,7 @@ from ._hostfile import (
     select_resources,
 )
 from ._ssh import decode_world_info, encode_world_info
+from ._supervise import terminate_process_tree
 from ._topology import Topology
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ __all__ = [
     "parse_hostfile",
     "parse_hostfile_lines",
     "select_resources",
+    "terminate_process_tree",
 ]
 
 

@@ -102,6 +102,51 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         sys.exit(128 + sig)
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid``, children before grandchildren (from /proc's parent links)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone while we looked
+            children.setdefault(ppid, []).append(int(entry))
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [c for p in frontier for c in children.get(p, [])]
+        found.extend(frontier)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has exited
+    except OSError:
+        return False
+
+
+def terminate_process_tree(pid: int, grace_s: float = 30.0) -> None:
+    """SIGTERM ``pid`` and all its descendants, SIGKILL whatever is left after ``grace_s`` (Linux)."""
+    tree = [*_descendants(pid), pid]
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_alive(p) for p in tree):
+        time.sleep(POLL_INTERVAL_S)
+    for p in tree:
+        if _alive(p):
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)  # pgid == pid: each child leads its own session

@@ -13,6 +13,7 @@ from argparse import REMAINDER, ArgumentParser, Namespace
 from collections.abc import Sequence
 
 from ds_engine import FeatureNotAvailableError
+from ds_launch import terminate_process_tree as _terminate_tree
 from ds_launch.cli import run as _run_ds_launch
 
 PID_FILE_BASEPATH = "/tmp"
@@ -77,3 +78,8 @@ def main(args: Sequence[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def terminate_process_tree(pid: int) -> None:
+    """DeepSpeed's helper: SIGTERM ``pid`` and its descendants, SIGKILL what is left after 30 s."""
+    _terminate_tree(pid, grace_s=30.0)

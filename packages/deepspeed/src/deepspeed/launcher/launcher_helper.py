@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any, NoReturn
 
 from ds_engine import FeatureNotAvailableError
+from ds_engine._missing import missing_function
 
-__all__ = ["env_mapping", "main"]
+__all__ = ["env_mapping", "main", "parse_args"]
 
 
 def _unavailable(name: str) -> NoReturn:
@@ -26,3 +27,11 @@ def env_mapping(env: Any, rank_name_list: Any = None, local_rank_name_list: Any 
 
 def main(args: Any = None) -> NoReturn:
     _unavailable("main")
+
+
+parse_args = missing_function(
+    "deepspeed.launcher.launcher_helper",
+    "parse_args",
+    "the mpich launcher's per-rank helper",
+    "Use --launcher pdsh (pdsh or ssh) or --launcher openmpi.",
+)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import ds_launch
 from ds_engine import FeatureNotAvailableError
+from ds_engine._missing import missing_function as _missing_function
 from ds_launch.cli import run as _run_ds_launch
 
 from deepspeed.launcher.constants import (
@@ -285,3 +286,11 @@ def _gave_master_port(argv: list[str], user_script: str) -> bool:
 
 if __name__ == "__main__":
     main()
+
+
+run_autotuning = _missing_function(
+    "deepspeed.launcher.runner",
+    "run_autotuning",
+    "DeepSpeed's autotuner (--autotuning)",
+    "Set the config's batch sizes and ZeRO keys yourself.",
+)

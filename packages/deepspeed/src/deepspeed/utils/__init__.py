@@ -6,7 +6,11 @@ Submodules (``logging``, ``zero_to_fp32``, ``groups``) are files beside this one
 from ds_engine import utils as _impl
 
 from deepspeed._forward import forward
-from deepspeed.utils import z3_leaf_module
+from deepspeed.utils import z3_leaf_module as _z3_leaf_module
+from deepspeed.utils.init_on_device import OnDevice as OnDevice
 from deepspeed.utils.logging import logger as logger
 
-__all__, __getattr__, __dir__ = forward(__name__, z3_leaf_module, _impl, extra=["logger"])
+# as in DeepSpeed, the package attribute is the function (it shadows its module's name once imported)
+from deepspeed.utils.z3_leaf_module import z3_leaf_module as z3_leaf_module  # noqa: E402
+
+__all__, __getattr__, __dir__ = forward(__name__, _z3_leaf_module, _impl, extra=["OnDevice", "logger"])

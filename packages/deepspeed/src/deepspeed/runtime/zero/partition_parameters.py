@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from ds_engine._missing import missing_class
 from ds_engine.accelerator import get_accelerator
 from ds_engine.zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter
 
@@ -47,7 +48,24 @@ def zero_wrapper_for_fp_tensor_constructor(
     return wrapped
 
 
+# DeepSpeed's handles of its per-parameter all-gathers: ds's stage 3 gathers a module's parameters from its
+# flat partition on its own fetch schedule, and hands out no handles.
+_HANDLES = "DeepSpeed's stage-3 all-gather handles (ds gathers from its flat partition and returns none)"
+_USE = "Gather parameters with deepspeed.zero.GatheredParameters (or let the module's forward gather them)."
+MultipleAllGatherHandles = missing_class(__name__, "MultipleAllGatherHandles", _HANDLES, _USE)
+AllGatherHandle = missing_class(__name__, "AllGatherHandle", _HANDLES, _USE)
+AllGatherCoalescedHandle = missing_class(__name__, "AllGatherCoalescedHandle", _HANDLES, _USE)
+AllReduceCoalescedHandle = missing_class(__name__, "AllReduceCoalescedHandle", _HANDLES, _USE)
+NoGatherHandle = missing_class(__name__, "NoGatherHandle", _HANDLES, _USE)
+NoGatherCoalescedHandle = missing_class(__name__, "NoGatherCoalescedHandle", _HANDLES, _USE)
+
 __all__ = [
+    "AllGatherCoalescedHandle",
+    "AllGatherHandle",
+    "AllReduceCoalescedHandle",
+    "MultipleAllGatherHandles",
+    "NoGatherCoalescedHandle",
+    "NoGatherHandle",
     "GatheredParameters",
     "Init",
     "ZeroParamStatus",

@@ -1,0 +1,17 @@
+"""DeepSpeed's ``deepspeed.constants``: the distributed defaults DeepSpeed's launcher and comm use."""
+
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+CROSS_RANK = "CROSS_RANK"
+CROSS_SIZE = "CROSS_SIZE"
+LOCAL_RANK = "LOCAL_RANK"
+INFERENCE_GENERIC_MODE = "generic"
+INFERENCE_SPECIALIZED_MODE = "specialized"
+
+__all__ = [
+    "CROSS_RANK",
+    "CROSS_SIZE",
+    "INFERENCE_GENERIC_MODE",
+    "INFERENCE_SPECIALIZED_MODE",
+    "LOCAL_RANK",
+    "TORCH_DISTRIBUTED_DEFAULT_PORT",
+]
