@@ -353,6 +353,8 @@ class OptimizerSwap:
     def _learn_keys_from_load(self, optimizer: torch.optim.Optimizer) -> None:
         """A load gave the optimizer state before any step: learn its keys (and make their files)."""
         self._learn_keys(optimizer, 0, 0)
+        self._slots = 1 + len(self.keys)
+        self._free, self.buffers_allocated = [], 0
 
 
 class _Joined:
