@@ -18,7 +18,9 @@ ds stage 3, ds stage 2, DDP and FSDP2 alike, use tools/bench_largest_fit.py (it 
 
 With ``--zero '{"offload_optimizer": {"device": "nvme", "nvme_path": DIR, ...}}'`` (and ``--aio``) each step's
 optimizer time and the bytes the swap read and wrote in it are recorded too (I/O efficiency = bytes / step
-time against tools/bench_nvme_io.py's bandwidth).
+time against tools/bench_nvme_io.py's bandwidth). ``--impl deepspeed`` runs the same model and config on
+DeepSpeed 0.19.8 (``env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/bench_stage3_fit.py
+--impl deepspeed ...``; bytes moved are not recorded for it).
 """
 
 from __future__ import annotations
@@ -53,7 +55,10 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_WORLD_SIZE=str(args.world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")  # fmt: skip
     torch.set_num_threads(1)
-    import ds_engine
+    if args.impl == "deepspeed":  # the same script on DeepSpeed 0.19.8 (run it with its python)
+        import deepspeed as ds_engine
+    else:
+        import ds_engine
 
     cfg = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
@@ -83,7 +88,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     numel = sum(getattr(p, "ds_shape", p.shape).numel() for p in model.parameters())
     engine, *_ = ds_engine.initialize(model=model, config=cfg)
     g = torch.Generator().manual_seed(rank)
-    swap = getattr(engine.optimizer, "swap", None)  # NVMe optimizer offload (stage 3)
+    swap = getattr(engine.optimizer, "swap", None) if args.impl == "ds" else None  # ds's NVMe offload
     steps = []
     for _ in range(args.steps):
         tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=g)
@@ -99,7 +104,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
                       "read_bytes": io1[0] - io0[0], "written_bytes": io1[1] - io0[1]})  # fmt: skip
     del loss
     persistent = 0
-    if args.stage == 3:
+    if args.stage == 3 and args.impl == "ds":
         persistent = sum(s.numel for s in engine.optimizer.params.slots.values() if s.persistent)
     queue.put({
         "rank": rank,
@@ -129,6 +134,7 @@ def main() -> None:
     parser.add_argument("--bucket", type=int, default=5_000_000, help="reduce_bucket_size (elements)")
     parser.add_argument("--threshold", type=int, default=100_000, help="stage3_param_persistence_threshold")
     parser.add_argument("--zero", default="{}", help="JSON merged into zero_optimization (e.g. stage-3 keys)")
+    parser.add_argument("--impl", default="ds", choices=("ds", "deepspeed"))
     parser.add_argument("--aio", default="", help="JSON of the aio section (NVMe offload), e.g. '{\"thread_count\": 4}'")
     args = parser.parse_args()
     with socket.socket() as s:
