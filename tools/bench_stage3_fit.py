@@ -97,12 +97,17 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         engine.backward(loss)
         t1 = time.perf_counter()
         io0 = (engine.optimizer.aio.stats.bytes_read, engine.optimizer.aio.stats.bytes_written) if swap else (0, 0)
+        if swap is not None and args.trace and len(steps) == args.steps - 1:  # the last step's timeline
+            swap.trace, engine.optimizer.aio.trace = [], []
         engine.step()
         t2 = time.perf_counter()
         io1 = (engine.optimizer.aio.stats.bytes_read, engine.optimizer.aio.stats.bytes_written) if swap else (0, 0)
         steps.append({"loss": loss.item(), "fwd_bwd_s": t1 - t0, "step_s": t2 - t1,
                       "read_bytes": io1[0] - io0[0], "written_bytes": io1[1] - io0[1]})  # fmt: skip
     del loss
+    if swap is not None and args.trace and rank == 0:
+        events = [("step", t1, t2, 0), *swap.trace, *engine.optimizer.aio.trace]
+        Path(args.trace).write_text(json.dumps([(k, a - t1, b - t1, n) for k, a, b, n in events]))
     persistent = 0
     if args.stage == 3 and args.impl == "ds":
         persistent = sum(s.numel for s in engine.optimizer.params.slots.values() if s.persistent)
@@ -134,6 +139,7 @@ def main() -> None:
     parser.add_argument("--bucket", type=int, default=5_000_000, help="reduce_bucket_size (elements)")
     parser.add_argument("--threshold", type=int, default=100_000, help="stage3_param_persistence_threshold")
     parser.add_argument("--zero", default="{}", help="JSON merged into zero_optimization (e.g. stage-3 keys)")
+    parser.add_argument("--trace", help="NVMe: write rank 0's last optimizer step timeline (JSON) here")
     parser.add_argument("--impl", default="ds", choices=("ds", "deepspeed"))
     parser.add_argument("--aio", default="", help="JSON of the aio section (NVMe offload), e.g. '{\"thread_count\": 4}'")
     args = parser.parse_args()

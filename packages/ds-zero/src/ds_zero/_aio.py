@@ -26,6 +26,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ class AsyncFileIO:
         self._slots = threading.BoundedSemaphore(o.queue_depth * o.thread_count)
         self._lock = threading.Lock()
         self._files: dict[str, _File] = {}
+        self.trace: list[tuple[str, float, float, int]] | None = None  # set to a list: (kind, t0, t1, bytes)
 
     # ------------------------------------------------------------------ files
     def open(self, path: str) -> _File:
@@ -201,6 +203,7 @@ class AsyncFileIO:
         n = piece.nbytes
         aligned = f.dfd >= 0 and offset % ALIGN == 0 and n % ALIGN == 0 and piece.ctypes.data % ALIGN == 0
         fd = f.dfd if aligned else f.fd
+        t0 = time.perf_counter()
         done = 0
         while done < n:
             view = piece[done:]
@@ -215,6 +218,8 @@ class AsyncFileIO:
             s.calls += 1
             s.direct_calls += aligned
             s.threads.add(threading.get_ident())
+            if self.trace is not None:
+                self.trace.append(("write" if write else "read", t0, time.perf_counter(), n))
             if write:
                 s.bytes_written += n
             else:

@@ -27,6 +27,7 @@ import errno
 import logging
 import os
 import shutil
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -131,6 +132,7 @@ class OptimizerSwap:
         self.buffers_allocated = 0  # observed by the tests: never above buffer_count
         self.reads_ahead = 0  # reads issued before the previous sub-group's step (pipeline_read)
         self.writes_deferred = 0  # writes left in flight past their sub-group's step (pipeline_write)
+        self.trace: list[tuple[str, float, float, int]] | None = None  # a list: the update's intervals
         self._free: list[torch.Tensor] = []
         self._slots = 1  # master + state tensors per buffer
         self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
@@ -270,7 +272,10 @@ class OptimizerSwap:
             lo, hi = self.bounds[g][k]
             view = self.views[g][k]
             view.grad = grads[g][lo:hi].to(torch.float32).mul_(inv_scale)
+            t0 = time.perf_counter()
             optimizer.step()
+            if self.trace is not None:
+                self.trace.append(("update", t0, time.perf_counter(), hi - lo))
             view.grad = None
             updated(g, lo, hi, view.data)
             if first and i == 0:
