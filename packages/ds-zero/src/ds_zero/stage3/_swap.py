@@ -257,6 +257,10 @@ class OptimizerSwap:
                 buf = self._take_buffer(writes)
                 reads[i] = (buf, self._read(buf, g, k))
             if self.pipeline_read:  # the next views' reads go out before this one steps
+                while writes and writes[0][1].done():  # buffers whose writes finished are free again
+                    done_buf, handle = writes.popleft()
+                    handle.wait()
+                    self._free.append(done_buf)
                 for j in range(i + 1, len(order)):
                     if j in reads:
                         continue
