@@ -281,11 +281,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             return self.masters[span.group].detach()[lo:hi]
         if what == "grad":  # zeros when no backward reduced into it since the step, as DeepSpeed's stage 3
             part = self.grad_parts.get(span.group)
-            return (
-                torch.zeros(hi - lo, device=self.grad_parts.devices[span.group])
-                if part is None
-                else part[lo:hi]
-            )
+            return self.masters[span.group].new_zeros(hi - lo) if part is None else part[lo:hi]
         pieces = self.sub_groups.state_range(self.optimizer, span.group, str(key), lo, hi)
         return torch.cat([p for p, _, _ in pieces]) if pieces else self.masters[span.group].new_zeros(0)
 
