@@ -127,7 +127,7 @@ def main() -> None:
         if args.only is not None and name not in args.only:
             continue
         losses_file = OUT / f"{name}.losses.tmp"
-        with tempfile.TemporaryDirectory(dir=ROOT.parent) as nvme:
+        with tempfile.TemporaryDirectory(prefix="ds-nvme-fixture-") as nvme:
             run_ranks(args.deepspeed_python, SCRIPT, with_nvme_path(config, nvme), losses_file)
         record = {
             "deepspeed_version": version,
