@@ -1,7 +1,7 @@
 """A script written for DeepSpeed runs on ds with only its import changed, and its losses match DeepSpeed's.
 
 The DeepSpeed losses were recorded from the real ``deepspeed`` 0.19.8 on CPU (2 ranks, same script, same
-config) by ``tools/make_deepspeed_loss_fixtures.py``; ds runs here at the session's world size, which must
+config, and stage 3 with NVMe optimizer offload) by ``tools/make_deepspeed_loss_fixtures.py``; ds runs here at the session's world size, which must
 not matter because every rank takes its slice of the same global batch.
 """
 
@@ -33,7 +33,8 @@ def ds_script(tmp_path_factory) -> Path:
 
 
 def test_fixtures_cover_every_zero_stage():
-    assert [f.name for f in FIXTURES] == [f"zero{s}_fp32_adam_warmuplr.json" for s in (0, 1, 2, 3)]
+    names = [f"zero{s}_fp32_adam_warmuplr.json" for s in (0, 1, 2, 3)]
+    assert [f.name for f in FIXTURES] == sorted([*names, "zero3_fp32_adam_warmuplr_nvme.json"])
 
 
 # every stage is compared at 2 ranks, where the fixtures were recorded; at 1 and 4 ranks only the stage that
@@ -47,7 +48,9 @@ def test_loss_curve_matches_deepspeed(fixture: Path, ds_script: Path, tmp_path: 
     recorded = json.loads(fixture.read_text())
     assert recorded["deepspeed_version"] == "0.19.8"
     config = tmp_path / "ds_config.json"
-    config.write_text(json.dumps(recorded["config"]))
+    nvme = tmp_path / "nvme"  # the NVMe offload fixture's nvme_path (a placeholder in the recording)
+    nvme.mkdir()
+    config.write_text(json.dumps(recorded["config"]).replace("@NVME_PATH@", str(nvme)))
     out = tmp_path / "losses.json"
     launch(
         str(ds_script),

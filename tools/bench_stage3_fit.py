@@ -15,6 +15,12 @@ ds stage 3, ds stage 2, DDP and FSDP2 alike, use tools/bench_largest_fit.py (it 
 
     .venv/bin/python tools/bench_stage3_fit.py --world 2 --layers 4 --width 512
     .venv/bin/python tools/bench_stage3_fit.py --world 4 --layers 24 --width 1600 --seq 256   # ~1.2B, lead only
+
+With ``--zero '{"offload_optimizer": {"device": "nvme", "nvme_path": DIR, ...}}'`` (and ``--aio``) each step's
+optimizer time and the bytes the swap read and wrote in it are recorded too (I/O efficiency = bytes / step
+time against tools/bench_nvme_io.py's bandwidth). ``--impl deepspeed`` runs the same model and config on
+DeepSpeed 0.19.8 (``env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/bench_stage3_fit.py
+--impl deepspeed ...``; bytes moved are not recorded for it).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import os
 import resource
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -48,7 +55,10 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(args.world), LOCAL_WORLD_SIZE=str(args.world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")  # fmt: skip
     torch.set_num_threads(1)
-    import ds_engine
+    if args.impl == "deepspeed":  # the same script on DeepSpeed 0.19.8 (run it with its python)
+        import deepspeed as ds_engine
+    else:
+        import ds_engine
 
     cfg = {
         "train_micro_batch_size_per_gpu": args.micro_batch,
@@ -63,6 +73,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
             **json.loads(args.zero),
         },  # fmt: skip
         "steps_per_print": 10_000,
+        **({"aio": json.loads(args.aio)} if args.aio else {}),
     }
     if args.stage != 3:
         del cfg["zero_optimization"]["stage3_param_persistence_threshold"]
@@ -77,14 +88,28 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
     numel = sum(getattr(p, "ds_shape", p.shape).numel() for p in model.parameters())
     engine, *_ = ds_engine.initialize(model=model, config=cfg)
     g = torch.Generator().manual_seed(rank)
+    swap = getattr(engine.optimizer, "swap", None) if args.impl == "ds" else None  # ds's NVMe offload
+    steps = []
     for _ in range(args.steps):
         tokens = torch.randint(0, args.vocab, (args.micro_batch, args.seq + 1), generator=g)
+        t0 = time.perf_counter()
         loss = engine(tokens[:, :-1], tokens[:, 1:])
         engine.backward(loss)
+        t1 = time.perf_counter()
+        io0 = (engine.optimizer.aio.stats.bytes_read, engine.optimizer.aio.stats.bytes_written) if swap else (0, 0)
+        if swap is not None and args.trace and len(steps) == args.steps - 1:  # the last step's timeline
+            swap.trace, engine.optimizer.aio.trace = [], []
         engine.step()
+        t2 = time.perf_counter()
+        io1 = (engine.optimizer.aio.stats.bytes_read, engine.optimizer.aio.stats.bytes_written) if swap else (0, 0)
+        steps.append({"loss": loss.item(), "fwd_bwd_s": t1 - t0, "step_s": t2 - t1,
+                      "read_bytes": io1[0] - io0[0], "written_bytes": io1[1] - io0[1]})  # fmt: skip
     del loss
+    if swap is not None and args.trace and rank == 0:
+        events = [("step", t1, t2, 0), *swap.trace, *engine.optimizer.aio.trace]
+        Path(args.trace).write_text(json.dumps([(k, a - t1, b - t1, n) for k, a, b, n in events]))
     persistent = 0
-    if args.stage == 3:
+    if args.stage == 3 and args.impl == "ds":
         persistent = sum(s.numel for s in engine.optimizer.params.slots.values() if s.persistent)
     queue.put({
         "rank": rank,
@@ -93,6 +118,7 @@ def worker(rank: int, args: argparse.Namespace, port: int, queue) -> None:
         "live_bytes": live_tensor_bytes(),
         "formula_bytes": formula_bytes(numel, persistent, args.world, args.stage, args.dtype == "bf16"),
         "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "steps": steps,
     })  # fmt: skip
 
 
@@ -113,6 +139,9 @@ def main() -> None:
     parser.add_argument("--bucket", type=int, default=5_000_000, help="reduce_bucket_size (elements)")
     parser.add_argument("--threshold", type=int, default=100_000, help="stage3_param_persistence_threshold")
     parser.add_argument("--zero", default="{}", help="JSON merged into zero_optimization (e.g. stage-3 keys)")
+    parser.add_argument("--trace", help="NVMe: write rank 0's last optimizer step timeline (JSON) here")
+    parser.add_argument("--impl", default="ds", choices=("ds", "deepspeed"))
+    parser.add_argument("--aio", default="", help="JSON of the aio section (NVMe offload), e.g. '{\"thread_count\": 4}'")
     args = parser.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "integration" / "scripts" / "deepspeed_example.py"
 OUT = ROOT / "integration" / "fixtures" / "deepspeed_losses"
 WORLD_SIZE = 2
+NVME_PATH = "@NVME_PATH@"
 
 
 def parity_configs() -> dict[str, dict]:
@@ -37,10 +38,26 @@ def parity_configs() -> dict[str, dict]:
             "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 5},
         },
     }
-    return {
+    configs = {
         f"zero{stage}_fp32_adam_warmuplr": {**base, "zero_optimization": {"stage": stage}}
         for stage in (0, 1, 2, 3)
     }
+    # ZeRO-Infinity's optimizer half: masters and Adam state in swap files under nvme_path (a fresh temporary
+    # directory replaces NVME_PATH at recording and at test time)
+    nvme = {"device": "nvme", "nvme_path": NVME_PATH, "buffer_count": 4, "pipeline_read": True,
+            "pipeline_write": True}  # fmt: skip
+    configs["zero3_fp32_adam_warmuplr_nvme"] = {
+        **base,
+        "zero_optimization": {"stage": 3, "sub_group_size": 2000, "offload_optimizer": nvme},
+        "aio": {"block_size": 262144, "queue_depth": 8, "thread_count": 2, "single_submit": False,
+                "overlap_events": True},
+    }  # fmt: skip
+    return configs
+
+
+def with_nvme_path(config: dict, path: str) -> dict:
+    """``config`` with the NVME_PATH placeholder replaced by ``path``."""
+    return json.loads(json.dumps(config).replace(NVME_PATH, path))
 
 
 def run_ranks(
@@ -110,7 +127,8 @@ def main() -> None:
         if args.only is not None and name not in args.only:
             continue
         losses_file = OUT / f"{name}.losses.tmp"
-        run_ranks(args.deepspeed_python, SCRIPT, config, losses_file)
+        with tempfile.TemporaryDirectory(prefix="ds-nvme-fixture-") as nvme:
+            run_ranks(args.deepspeed_python, SCRIPT, with_nvme_path(config, nvme), losses_file)
         record = {
             "deepspeed_version": version,
             "world_size": WORLD_SIZE,

@@ -187,21 +187,39 @@ def only_default(default: Any, feature: str) -> AfterValidator:
 
 
 class AioConfig(_CompatSection):
-    """``aio``: DeepSpeed's asynchronous I/O settings for NVMe offload (ZeRO-Infinity), which ds rejects.
-
-    Accepted (every value) so that configs which always carry it load, Lightning's ``DeepSpeedStrategy``
-    among them; it has no effect because nothing in ds does NVMe I/O (an ``nvme`` offload device is an
-    error). ``use_gds`` (GPUDirect Storage) is accepted only false.
+    """``aio``: the asynchronous I/O of NVMe offload (ZeRO-Infinity): how ds reads and writes the swap files
+    (``ds_zero._aio``, a thread pool over ``preadv``/``pwritev`` with O_DIRECT). ``use_gds`` (GPUDirect
+    Storage) is accepted only false.
     """
 
-    block_size: JsonInt = Field(1048576, ge=1, description="DeepSpeed: NVMe I/O block size in bytes.")
-    queue_depth: JsonInt = Field(8, ge=1, description="DeepSpeed: NVMe I/O queue depth.")
-    intra_op_parallelism: JsonInt = Field(1, ge=1, description="DeepSpeed: I/O threads per operation.")
-    thread_count: JsonInt = Field(
-        1, ge=1, description="The older name of intra_op_parallelism (Lightning writes it; DeepSpeed 0.19 ignores it)."
+    block_size: JsonInt = Field(
+        1048576,
+        ge=1,
+        description="Bytes per I/O request: a swap read or write is cut into requests of this size.",
     )
-    single_submit: JsonBool = Field(False, description="DeepSpeed: submit I/O requests one at a time.")
-    overlap_events: JsonBool = Field(True, description="DeepSpeed: overlap I/O submission and completion.")
+    queue_depth: JsonInt = Field(
+        8,
+        ge=1,
+        description="Requests in flight per I/O thread; a submission beyond that waits for one to complete.",
+    )
+    intra_op_parallelism: JsonInt = Field(
+        1,
+        ge=1,
+        description="I/O worker threads (DeepSpeed 0.19's name); the larger of it and thread_count is used.",
+    )
+    thread_count: JsonInt = Field(
+        1,
+        ge=1,
+        description="I/O worker threads (the older name, Lightning writes it); the larger of the two is used.",
+    )
+    single_submit: JsonBool = Field(
+        False,
+        description="Submit a read or write's requests one at a time (each after the previous completed).",
+    )
+    overlap_events: JsonBool = Field(
+        True,
+        description="Return from a read or write at submission and wait later; false: wait at submission.",
+    )
     use_gds: Annotated[JsonBool, only_default(False, "GPUDirect Storage (aio.use_gds)")] = Field(
         False, description="Must stay false: ds has no GPUDirect Storage."
     )
@@ -231,13 +249,7 @@ def compat_no_effect() -> dict[str, str]:
         for section, model in _unavailable_sections().items()
         for field in model.model_fields
     }
-    table.update(
-        {
-            f"aio.{field}": "tunes NVMe offload I/O (ZeRO-Infinity), which ds rejects: accepted for configs that "
-            "always carry it (Lightning's)"
-            for field in AioConfig.model_fields
-        }
-    )
+    table["aio.use_gds"] = "accepted only false: ds has no GPUDirect Storage"
     table.update(
         {
             "fp16.auto_cast": "accepted only false (DeepSpeed's default): ds does not cast the inputs",

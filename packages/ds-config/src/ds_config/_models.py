@@ -236,16 +236,26 @@ class OffloadOptimizerConfig(_Section):
 
     device: Literal["none", "cpu", "nvme"] = Field(
         "none",
-        description="Where the optimizer state lives: 'none' (the accelerator) or 'cpu'; 'nvme' is rejected.",
+        description="Where the optimizer state lives: 'none' (the accelerator), 'cpu', or 'nvme' (files under "
+        "nvme_path; stage 3 only).",
     )
-    nvme_path: str | None = Field(None, description="NVMe directory (ZeRO-Infinity; not supported by ds).")
-    buffer_count: JsonInt = Field(4, ge=1, description="NVMe swap buffers (ZeRO-Infinity; unused by ds).")
+    nvme_path: str | None = Field(
+        None,
+        description="device 'nvme': directory of the swap files (one folder per rank, emptied at start).",
+    )
+    buffer_count: JsonInt = Field(
+        4,
+        ge=1,
+        description="device 'nvme': buffers the step streams sub-groups through (master + state each).",
+    )
     pin_memory: JsonBool = Field(False, description="Use page-locked CPU memory for the offloaded state.")
-    pipeline_read: JsonBool = Field(False, description="NVMe read pipelining (ZeRO-Infinity; unused by ds).")
-    pipeline_write: JsonBool = Field(
-        False, description="NVMe write pipelining (ZeRO-Infinity; unused by ds)."
+    pipeline_read: JsonBool = Field(
+        False, description="device 'nvme': read the next sub-groups while the current one steps."
     )
-    fast_init: JsonBool = Field(False, description="NVMe fast initialisation (ZeRO-Infinity; unused by ds).")
+    pipeline_write: JsonBool = Field(
+        False, description="device 'nvme': leave a sub-group's write in flight while the next ones step."
+    )
+    fast_init: JsonBool = Field(False, description="NVMe fast initialisation (no effect in ds).")
     ratio: JsonFloat = Field(
         1.0, gt=0, le=1, description="Fraction of the state offloaded; below 1 only with ZeRO stage 3."
     )
@@ -697,7 +707,9 @@ class DSConfig(_Section):
         default_factory=TensorBoardConfig, description="TensorBoard events."
     )
     csv_monitor: CSVMonitorConfig = Field(default_factory=CSVMonitorConfig, description="CSV event files.")
-    aio: AioConfig = Field(default_factory=AioConfig, description="NVMe offload I/O; no effect (no NVMe in ds).")
+    aio: AioConfig = Field(
+        default_factory=AioConfig, description="NVMe offload I/O: how swap files are read and written."
+    )
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Not in ds: disabled only.")
     comet: CometConfig = Field(default_factory=CometConfig, description="Not in ds: disabled only.")
     flops_profiler: FlopsProfilerConfig = Field(

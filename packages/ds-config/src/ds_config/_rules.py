@@ -156,7 +156,8 @@ def lamb_needs_dynamic_scale(cfg: DSConfig) -> list[P]:
 
 # --------------------------------------------------------------------------------------------- ZeRO
 def offload_rules(cfg: DSConfig) -> list[P]:
-    """Optimizer offload needs stage >= 1; parameter offload and partial offload need stage 3; 'nvme' is rejected."""
+    """Optimizer offload needs stage >= 1; parameter offload, partial offload and NVMe optimizer offload need stage
+    3 (with an nvme_path); NVMe parameter offload is rejected."""
     zero = cfg.zero_optimization
     problems = []
     param = zero.offload_param
@@ -181,9 +182,14 @@ def offload_rules(cfg: DSConfig) -> list[P]:
         return problems
     key = "zero_optimization.cpu_offload" if "cpu_offload" in zero.model_fields_set else (
         "zero_optimization.offload_optimizer.device")  # fmt: skip
-    if offload.device == "nvme":
-        problems.append(P("zero_optimization.offload_optimizer.device", "NVMe offload (ZeRO-Infinity) is not "
-                          "supported by ds; use 'cpu'", "nvme"))  # fmt: skip
+    if offload.device == "nvme" and zero.stage in (1, 2):
+        # DeepSpeed 0.19.8's stages 1 and 2 quietly take 'nvme' as CPU offload; ds says so instead
+        problems.append(P("zero_optimization.offload_optimizer.device", "NVMe optimizer offload needs "
+                          f"zero_optimization.stage 3 (stage {zero.stage} would keep the state in CPU memory, "
+                          "as DeepSpeed does silently); use 'cpu' or stage 3", "nvme"))  # fmt: skip
+    if offload.device == "nvme" and zero.stage == 3 and not offload.nvme_path:
+        problems.append(P("zero_optimization.offload_optimizer.nvme_path", "device 'nvme' needs a directory "
+                          "for the swap files (on a fast local disk)", offload.nvme_path))  # fmt: skip
     if offload.device != "none" and zero.stage == 0:
         problems.append(P(key, "optimizer offload needs zero_optimization.stage 1, 2 or 3 (stage 0 keeps no "
                           "partition to offload); set stage to 2, or remove the offload", offload.device))  # fmt: skip

@@ -180,7 +180,7 @@ def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) ->
         )
     if cfg.optimizer is not None:
         # ZeRO offload steps on the CPU partition: Adam becomes CPUAdam there
-        offload = cfg.zero_optimization.stage > 0 and cfg.zero_optimization.offload_device == "cpu"
+        offload = cfg.zero_optimization.stage > 0 and cfg.zero_optimization.offload_device in ("cpu", "nvme")
         return ds_optim.optimizer_from_config(
             params, cfg.optimizer, process_group=dp_group, cpu_offload=offload
         )

@@ -33,4 +33,15 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.stage3_max_live_parameters",
     "zero_optimization.stage3_max_reuse_distance",
     "zero_optimization.sub_group_size",
+    # NVMe optimizer offload at stage 3 (stage3/_swap.py, _aio.py)
+    "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.offload_optimizer.buffer_count",
+    "zero_optimization.offload_optimizer.pipeline_read",
+    "zero_optimization.offload_optimizer.pipeline_write",
+    "aio.block_size",
+    "aio.queue_depth",
+    "aio.thread_count",
+    "aio.intra_op_parallelism",
+    "aio.single_submit",
+    "aio.overlap_events",
 )

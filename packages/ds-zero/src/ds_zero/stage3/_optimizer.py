@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.distributed as dist
 from ds_config import DSConfig
 from torch import nn
 
 from .. import _transport
+from .._aio import AsyncFileIO
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
 from .._fragments import Fragment, ParamFragments, ParamSpan, attach_owner
@@ -24,6 +28,7 @@ from ._options import Stage3Options
 from ._partition import PartitionedParams
 from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
+from ._swap import OptimizerSwap, SwapFolder
 
 __all__ = ["ZeroStage3Optimizer"]
 
@@ -82,9 +87,14 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             persistence_threshold=options.param_persistence_threshold,
             partition_device=cpu if options.offload_param else None,
         )
-        master_device = cpu if options.offload_optimizer else None
+        nvme = options.optimizer_nvme
+        master_device = cpu if options.offload_optimizer or nvme else None
         self.masters: list[torch.Tensor] = []
         for part in self.params.parts:
+            if nvme is not None:  # in files (``_swap``): never written, so its pages are never resident;
+                # its storage is freed once the sub-group views are cut from it and moved to the files
+                self.masters.append(torch.empty(part.numel(), dtype=torch.float32))
+                continue
             # fp32 on the same device: the weight partition is the master (no second copy)
             alias = part.dtype == torch.float32 and master_device in (None, part.device)
             master = (
@@ -101,6 +111,22 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
             g["params"] = views
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
+        self.swap: OptimizerSwap | None = None
+        if nvme is not None:
+            self.aio = AsyncFileIO(options.aio)
+            self.swap = OptimizerSwap(
+                SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer"),
+                self.aio,
+                self.sub_groups.views,
+                buffer_count=nvme.buffer_count,
+                pipeline_read=nvme.pipeline_read,
+                pipeline_write=nvme.pipeline_write,
+                pin_memory=nvme.pin_memory,
+            )
+            parts_ = self.params.parts
+            self.swap.init_masters(lambda g, lo, hi: parts_[g][lo:hi].to("cpu", torch.float32))
+            for master in self.masters:
+                master.untyped_storage().resize_(0)
         self.params.on_write = self._copy_into_master
         self.grads = Stage3Reducer(
             self.params,
@@ -168,20 +194,40 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         divisor = self._begin_step(self._global_norm_sq(grads))
         if divisor is None:
             return False
-        self.sub_groups.step(self.optimizer, grads, 1.0 / divisor)
-        del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
-        self._masters_to_parts()
+        if self.swap is not None:  # masters and state streamed through the swap buffers
+            self.swap.step(self.optimizer, grads, 1.0 / divisor, self._master_updated)
+            del grads
+            self.params.refresh_whole()
+        else:
+            self.sub_groups.step(self.optimizer, grads, 1.0 / divisor)
+            del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
+            self._masters_to_parts()
         self._end_step()
         release_freed_heap()  # the step's gathers, gradients, buckets and temporaries (see _heap)
         return True
 
     def _masters_to_parts(self) -> None:
         """Write the fp32 masters into the weight partitions (unless they are the same storage)."""
-        with torch.no_grad():
-            for part, master in zip(self.params.parts, self.masters):
+        with self._resident_masters(write=False) as masters, torch.no_grad():
+            for part, master in zip(self.params.parts, masters):
                 if part.data_ptr() != master.data_ptr():
                     part.copy_(master)
         self.params.refresh_whole()
+
+    def _master_updated(self, g: int, lo: int, hi: int, master: torch.Tensor) -> None:
+        """A swapped sub-group's new fp32 master reaches its weight partition."""
+        with torch.no_grad():
+            self.params.parts[g][lo:hi].copy_(master)
+
+    @contextmanager
+    def _resident_masters(self, *, write: bool) -> Iterator[list[torch.Tensor]]:
+        """The fp32 masters (and the optimizer state on the views) whole in memory while inside: as they are,
+        or read from the swap files with NVMe offload (written back on exit with ``write``)."""
+        if self.swap is None:
+            yield self.masters
+        else:
+            with self.swap.resident(self.optimizer, write=write) as masters:
+                yield masters
 
     def _global_norm_sq(self, grads: list[torch.Tensor]) -> float:
         """Squared L2 norm of every partition's gradient (inf when any rank saw inf/nan)."""
@@ -205,6 +251,9 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         ]
 
     def _copy_into_master(self, g: int, lo: int, hi: int) -> None:
+        if self.swap is not None:
+            self.swap.write_range(g, "master", lo, hi, self.params.parts[g][lo:hi])
+            return
         master, part = self.masters[g], self.params.parts[g]
         if master.data_ptr() != part.data_ptr():
             with torch.no_grad():
@@ -226,6 +275,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
 
     def _read_piece(self, span: ParamSpan, what: Fragment, key: str | None) -> torch.Tensor | None:
         lo, hi = span.local()
+        if self.swap is not None and what != "grad":
+            return self.swap.read_range(span.group, "master" if what == "fp32" else str(key), lo, hi)
         if what == "fp32":
             return self.masters[span.group].detach()[lo:hi]
         if what == "grad":  # zeros when no backward reduced into it since the step, as DeepSpeed's stage 3
@@ -236,6 +287,9 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
 
     def _write_piece(self, span: ParamSpan, what: Fragment, key: str | None, values: torch.Tensor) -> None:
         lo, hi = span.local()
+        if self.swap is not None and what != "grad":
+            self.swap.write_range(span.group, "master" if what == "fp32" else str(key), lo, hi, values)
+            return
         with torch.no_grad():
             if what == "fp32":
                 self.masters[span.group][lo:hi].copy_(values)
@@ -257,7 +311,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """This rank's optimizer state in the ``ds-flat-shard/1`` format of stages 1 and 2."""
         extra = {"zero_stage": 3, **self.step_state()}
-        return sharded_state(self.params, self.masters, self.optimizer, self.sub_groups, extra)
+        with self._resident_masters(write=False) as masters:
+            return sharded_state(self.params, masters, self.optimizer, self.sub_groups, extra)
 
     def state_dict(self) -> dict:
         """Alias of ``sharded_state_dict`` as a dict ``{"tensors": ..., "meta": ...}`` (as at stages 1 and 2)."""
@@ -266,7 +321,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's slice (already cut for this partitioning by the caller); every rank calls it."""
-        load_sharded(self.params, self.masters, self.optimizer, self.sub_groups, tensors, meta)
+        with self._resident_masters(write=True) as masters:
+            load_sharded(self.params, masters, self.optimizer, self.sub_groups, tensors, meta)
         self._masters_to_parts()
         self.load_step_state(meta.get("extra", {}))
 
@@ -296,7 +352,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     def fp32_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained parameters' full fp32 values, gathered from the masters (collective)."""
         slots = list(self.params.slots.values())
-        values = self.params.gather_values(slots, self.masters, torch.float32)
+        with self._resident_masters(write=False) as masters:
+            values = self.params.gather_values(slots, masters, torch.float32)
         return {s.name: v.cpu() for s, v in zip(slots, values)}
 
     def gathered_16bit_state_dict(self) -> dict[str, torch.Tensor] | None:

@@ -7,10 +7,11 @@ from dataclasses import dataclass
 import torch
 from ds_config import DSConfig
 
+from .._aio import AioOptions
 from .._errors import ZeroConfigError
 from .._options import grad_accum_dtype
 
-__all__ = ["CONFIG_FIELDS_STAGE3", "Stage3Options"]
+__all__ = ["CONFIG_FIELDS_STAGE3", "NvmeOptions", "Stage3Options"]
 
 # dotted DSConfig paths stage 3 reads (merged with ds_zero's CONFIG_FIELDS by the lead)
 CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
@@ -25,7 +26,18 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.offload_optimizer.device",
+    "zero_optimization.offload_optimizer.nvme_path",
+    "zero_optimization.offload_optimizer.buffer_count",
+    "zero_optimization.offload_optimizer.pin_memory",
+    "zero_optimization.offload_optimizer.pipeline_read",
+    "zero_optimization.offload_optimizer.pipeline_write",
     "zero_optimization.offload_param.device",
+    "aio.block_size",
+    "aio.queue_depth",
+    "aio.thread_count",
+    "aio.intra_op_parallelism",
+    "aio.single_submit",
+    "aio.overlap_events",
     "zero_optimization.cpu_offload",
     "gradient_clipping",
     "prescale_gradients",
@@ -34,6 +46,17 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "bf16.enabled",
     "bf16.grad_accum_dtype",
 )
+
+
+@dataclass(frozen=True)
+class NvmeOptions:
+    """An ``offload_optimizer`` (or ``offload_param``) section with ``device: "nvme"``."""
+
+    nvme_path: str
+    buffer_count: int = 4
+    pin_memory: bool = False
+    pipeline_read: bool = False
+    pipeline_write: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +78,8 @@ class Stage3Options:
     gather_16bit_weights_on_model_save: bool = False
     offload_optimizer: bool = False  # fp32 masters and optimizer state in CPU memory
     offload_param: bool = False  # parameter partitions in CPU memory
+    optimizer_nvme: NvmeOptions | None = None  # masters and optimizer state in files (``_swap``)
+    aio: AioOptions = AioOptions()  # how the swap files are read and written (``_aio``)
     clip_grad: float = 0.0
     prescale_gradients: bool = False
     gradient_predivide_factor: float = 1.0
@@ -63,15 +88,26 @@ class Stage3Options:
 
     @classmethod
     def from_config(cls, config: DSConfig) -> Stage3Options:
-        """Every key stage 3 reads; ``nvme`` devices are an error (ds has no NVMe offload)."""
+        """Every key stage 3 reads."""
         zero = config.zero_optimization
         optimizer_device = zero.offload_device
         param_device = zero.offload_param.device if zero.offload_param is not None else "none"
-        for key, device in (("offload_optimizer", optimizer_device), ("offload_param", param_device)):
-            if device == "nvme":
-                raise ZeroConfigError(
-                    f"zero_optimization.{key}.device 'nvme' is not supported by ds; use 'cpu' or 'none'"
-                )
+        if param_device == "nvme":
+            raise ZeroConfigError(
+                "zero_optimization.offload_param.device 'nvme' is not supported by ds yet (the optimizer's "
+                "offload_optimizer.device 'nvme' is); use 'cpu'"
+            )
+        optimizer_nvme = None
+        if optimizer_device == "nvme":
+            o = zero.offload_optimizer
+            optimizer_nvme = NvmeOptions(
+                nvme_path=str(o.nvme_path or ""),
+                buffer_count=int(o.buffer_count),
+                pin_memory=bool(o.pin_memory),
+                pipeline_read=bool(o.pipeline_read),
+                pipeline_write=bool(o.pipeline_write),
+            )
+        aio = config.aio
         return cls(
             reduce_bucket_size=int(zero.reduce_bucket_size),
             overlap_comm=bool(zero.overlap_comm),
@@ -83,6 +119,15 @@ class Stage3Options:
             gather_16bit_weights_on_model_save=bool(zero.stage3_gather_16bit_weights_on_model_save),
             offload_optimizer=optimizer_device == "cpu",
             offload_param=param_device == "cpu",
+            optimizer_nvme=optimizer_nvme,
+            aio=AioOptions(
+                block_size=int(aio.block_size),
+                queue_depth=int(aio.queue_depth),
+                # DeepSpeed 0.19 reads intra_op_parallelism, Lightning writes thread_count: the larger wins
+                thread_count=max(int(aio.thread_count), int(aio.intra_op_parallelism)),
+                single_submit=bool(aio.single_submit),
+                overlap_events=bool(aio.overlap_events),
+            ),
             clip_grad=float(config.gradient_clipping),
             prescale_gradients=bool(config.prescale_gradients),
             gradient_predivide_factor=float(config.gradient_predivide_factor),

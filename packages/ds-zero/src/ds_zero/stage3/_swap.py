@@ -1,0 +1,380 @@
+"""NVMe offload of the optimizer (``offload_optimizer.device: "nvme"``): fp32 masters and optimizer state in files.
+
+Each rank keeps, under ``nvme_path/ds_swap/rank{r:05d}/`` (``SwapFolder``), one file per param group
+and tensor: ``g{g}.master.bin`` (the fp32 master partition) and ``g{g}.{key}.bin`` for every element-wise
+state tensor of the inner optimizer (Adam's ``exp_avg``, ``exp_avg_sq``); per-view scalars (Adam's
+``step``) stay in memory. The files are scratch in ds's own layout, never a checkpoint: the folder is
+emptied when a run starts, so a new run never reads an old run's swap files as state (the decision in
+spec/decisions.md "ZeRO stage 3"); checkpoints stay ds's portable format.
+
+The step streams the sub-groups (``sub_group_size`` views, see ``_subgroups``) through ``buffer_count``
+buffers: a sub-group's master and state are read into a buffer, the inner optimizer steps it, the updated
+master is copied into the weight partition and the buffer is written back. ``pipeline_read`` issues the
+reads of the next sub-groups (as many as free buffers allow) before stepping the current one;
+``pipeline_write`` leaves a buffer's write in flight while the next sub-groups step (it is waited for when
+the buffer is needed again, or at the end of the step). Without them each read and write is waited for
+where it is issued. ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
+where an accelerator makes that possible: on a CPU-only machine it is a no-op, said once in the log).
+
+What stays in memory: the gradient partitions (``GradPartitions``: the model dtype, or fp32 with
+``grad_accum_dtype``), alive from a backward's first reduction to the step, as with CPU offload; the
+weight partitions (unless ``offload_param`` is ``nvme`` too); ``buffer_count`` buffers.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from .._errors import ZeroConfigError
+
+__all__ = ["NvmeSpaceError", "OptimizerSwap", "SwapFolder"]
+
+logger = logging.getLogger("ds_zero")
+
+MASTER = "master"
+
+
+class NvmeSpaceError(OSError):
+    """The disk under ``nvme_path`` ran out of space for the swap files."""
+
+
+class SwapFolder:
+    """This rank's folder of swap files under ``nvme_path``; emptied when created (stale files are scratch)."""
+
+    def __init__(self, nvme_path: str | None, rank: int, key: str) -> None:
+        if not nvme_path:
+            raise ZeroConfigError(f"zero_optimization.{key}.device 'nvme' needs {key}.nvme_path: a directory")
+        if not os.path.isdir(nvme_path):
+            raise ZeroConfigError(
+                f"zero_optimization.{key}.nvme_path {nvme_path!r} does not exist or is not a directory; "
+                "create it (on a fast local disk) or point nvme_path at one"
+            )
+        if not os.access(nvme_path, os.W_OK | os.X_OK):
+            raise ZeroConfigError(
+                f"zero_optimization.{key}.nvme_path {nvme_path!r} is not writable by this process; "
+                "fix its permissions or point nvme_path at a writable directory"
+            )
+        self.path = os.path.join(nvme_path, "ds_swap", f"rank{rank:05d}")
+        if os.path.isdir(self.path):  # a previous (killed) run's files: scratch, never state
+            shutil.rmtree(self.path)
+        os.makedirs(self.path)
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def reserve(self, name: str, nbytes: int) -> str:
+        """Create ``name`` with ``nbytes`` allocated on disk; a full disk raises ``NvmeSpaceError``."""
+        path = self.file(name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if nbytes:
+                os.posix_fallocate(fd, 0, nbytes)
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            free = shutil.disk_usage(self.path).free
+            raise NvmeSpaceError(
+                errno.ENOSPC,
+                f"no space left for NVMe swap file {path}: needs {nbytes} bytes, {free} bytes free on that "
+                "file system; free space there or point nvme_path at a larger disk",
+            ) from None
+        finally:
+            os.close(fd)
+        return path
+
+
+def _slot_bytes(numel: int) -> int:
+    return -(-numel * 4 // ALIGN) * ALIGN
+
+
+class OptimizerSwap:
+    """fp32 masters and element-wise optimizer state of every sub-group view, kept in files.
+
+    ``views[g]`` are the inner optimizer's parameters (``SubGroups.views``); between steps their ``.data``
+    and their state tensors are empty. ``step`` streams them through the buffers; ``resident`` makes
+    everything whole in memory for a checkpoint or a load.
+    """
+
+    def __init__(
+        self,
+        folder: SwapFolder,
+        io: AsyncFileIO,
+        views: list[list[torch.Tensor]],
+        *,
+        buffer_count: int,
+        pipeline_read: bool,
+        pipeline_write: bool,
+        pin_memory: bool,
+    ) -> None:
+        if buffer_count < 1:
+            raise ZeroConfigError(f"offload_optimizer.buffer_count must be >= 1, got {buffer_count}")
+        self.folder, self.io, self.views = folder, io, views
+        self.buffer_count = buffer_count
+        self.pipeline_read, self.pipeline_write, self.pin_memory = pipeline_read, pipeline_write, pin_memory
+        self.keys: list[str] = []  # element-wise state tensors, known after the first step
+        self.bounds = [[(0, 0)] * len(vs) for vs in views]  # (lo, hi) of each view in its partition
+        for g, vs in enumerate(views):
+            lo = 0
+            for k, v in enumerate(vs):
+                self.bounds[g][k] = (lo, lo + v.numel())
+                lo += v.numel()
+        self.numels = [b[-1][1] if b else 0 for b in self.bounds]
+        self.buffers_allocated = 0  # observed by the tests: never above buffer_count
+        self.reads_ahead = 0  # reads issued before the previous sub-group's step (pipeline_read)
+        self.writes_deferred = 0  # writes left in flight past their sub-group's step (pipeline_write)
+        self.trace: list[tuple[str, float, float, int]] | None = None  # a list: the update's intervals
+        self._free: list[torch.Tensor] = []
+        self._slots = 1  # master + state tensors per buffer
+        self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
+        self._pinned_said = False
+
+    # ------------------------------------------------------------------ files
+    def _name(self, g: int, key: str) -> str:
+        return f"g{g}.{key}.bin"
+
+    def _path(self, g: int, key: str) -> str:
+        return self.folder.file(self._name(g, key))
+
+    def init_masters(self, fill: Callable[[int, int, int], torch.Tensor]) -> None:
+        """Write every group's fp32 master: ``fill(g, lo, hi)`` gives elements ``[lo, hi)``, a view at a time."""
+        for g, n in enumerate(self.numels):
+            self.folder.reserve(self._name(g, MASTER), n * 4)
+            for lo, hi in self.bounds[g]:
+                self.io.write(self._path(g, MASTER), lo * 4, fill(g, lo, hi).contiguous()).wait()
+        for vs in self.views:
+            for v in vs:
+                v.data = torch.empty(0)
+
+    def _reserve_state(self, keys: list[str]) -> None:
+        for key in keys:
+            for g, n in enumerate(self.numels):
+                self.folder.reserve(self._name(g, key), n * 4)
+
+    # ------------------------------------------------------------------ buffers
+    def _take_buffer(self, writes: deque) -> torch.Tensor:
+        if self._free:
+            return self._free.pop()
+        if self.buffers_allocated < self.buffer_count:
+            self.buffers_allocated += 1
+            buf = aligned_empty(self._stride * self._slots)
+            if self.pin_memory:
+                buf = self._pin(buf)
+            return buf
+        buf, handle = writes.popleft()  # the oldest write in flight gives its buffer back
+        handle.wait()
+        return buf
+
+    def _pin(self, buf: torch.Tensor) -> torch.Tensor:
+        try:
+            return buf.pin_memory()
+        except RuntimeError:  # no accelerator: page-locking needs one in torch
+            if not self._pinned_said:
+                self._pinned_said = True
+                logger.info("offload_optimizer.pin_memory: no accelerator here, buffers stay pageable")
+            return buf
+
+    def _slot(self, buf: torch.Tensor, j: int, numel: int) -> torch.Tensor:
+        return buf[j * self._stride : j * self._stride + numel * 4].view(torch.float32)
+
+    # ------------------------------------------------------------------ one view in and out
+    def _read(self, buf: torch.Tensor, g: int, k: int) -> list[IOHandle]:
+        lo, hi = self.bounds[g][k]
+        names = [MASTER, *self.keys]
+        return [
+            self.io.read(self._path(g, key), lo * 4, self._slot(buf, j, hi - lo))
+            for j, key in enumerate(names)
+        ]
+
+    def _attach(self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, g: int, k: int) -> None:
+        lo, hi = self.bounds[g][k]
+        view = self.views[g][k]
+        view.data = self._slot(buf, 0, hi - lo)
+        state = optimizer.state.get(view)
+        if state is not None:
+            for j, key in enumerate(self.keys, start=1):
+                state[key] = self._slot(buf, j, hi - lo)
+
+    def _write(self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, g: int, k: int) -> list[IOHandle]:
+        lo, hi = self.bounds[g][k]
+        view = self.views[g][k]
+        state = optimizer.state.get(view, {})
+        handles = [self.io.write(self._path(g, MASTER), lo * 4, view.data)]
+        for key in self.keys:
+            handles.append(self.io.write(self._path(g, key), lo * 4, state[key]))
+        return handles
+
+    def _detach(self, optimizer: torch.optim.Optimizer, g: int, k: int) -> None:
+        view = self.views[g][k]
+        view.data = torch.empty(0)
+        state = optimizer.state.get(view)
+        if state is not None:
+            for key in self.keys:
+                state[key] = torch.empty(0)
+
+    def _learn_keys(self, optimizer: torch.optim.Optimizer, g: int, k: int) -> None:
+        """After the first step: which state tensors are element-wise (swapped) and must have files."""
+        view = self.views[g][k]
+        n = view.numel()
+        keys = [
+            key
+            for key, t in optimizer.state.get(view, {}).items()
+            if torch.is_tensor(t) and t.dim() == 1 and t.numel() == n
+        ]
+        for key in keys:
+            if optimizer.state[view][key].dtype != torch.float32:
+                raise ZeroConfigError(
+                    f"NVMe optimizer offload swaps fp32 state; the optimizer keeps {key!r} in "
+                    f"{optimizer.state[view][key].dtype}"
+                )
+        self.keys = keys
+        self._reserve_state(keys)
+
+    # ------------------------------------------------------------------ the step
+    def step(
+        self,
+        optimizer: torch.optim.Optimizer,
+        grads: list[torch.Tensor],
+        inv_scale: float,
+        updated: Callable[[int, int, int, torch.Tensor], None],
+    ) -> None:
+        """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master."""
+        order = [(g, k) for g, vs in enumerate(self.views) for k in range(len(vs))]
+        reads: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}
+        writes: deque = deque()  # (buffer, handle) in issue order
+        first = not self.keys and not any(optimizer.state.get(v) for vs in self.views for v in vs)
+        for i, (g, k) in enumerate(order):
+            if i not in reads:
+                buf = self._take_buffer(writes)
+                reads[i] = (buf, self._read(buf, g, k))
+            if self.pipeline_read:  # the next views' reads go out before this one steps
+                while writes and writes[0][1].done():  # buffers whose writes finished are free again
+                    done_buf, handle = writes.popleft()
+                    handle.wait()
+                    self._free.append(done_buf)
+                for j in range(i + 1, len(order)):
+                    if j in reads:
+                        continue
+                    if not self._free and self.buffers_allocated >= self.buffer_count:
+                        break
+                    buf = self._take_buffer(writes)
+                    reads[j] = (buf, self._read(buf, *order[j]))
+                    self.reads_ahead += 1
+            buf, handles = reads.pop(i)
+            for h in handles:
+                h.wait()
+            self._attach(optimizer, buf, g, k)
+            lo, hi = self.bounds[g][k]
+            view = self.views[g][k]
+            view.grad = grads[g][lo:hi].to(torch.float32).mul_(inv_scale)
+            t0 = time.perf_counter()
+            optimizer.step()
+            if self.trace is not None:
+                self.trace.append(("update", t0, time.perf_counter(), hi - lo))
+            view.grad = None
+            updated(g, lo, hi, view.data)
+            if first and i == 0:
+                self._learn_keys(optimizer, g, k)
+            handle = _Joined(self._write(optimizer, buf, g, k))
+            if first:  # state tensors the optimizer allocated itself: written from where they are
+                handle.wait()
+                self._detach(optimizer, g, k)
+                self._free.append(buf)
+                continue
+            if self.pipeline_write:
+                self.writes_deferred += 1
+            else:
+                handle.wait()
+            writes.append((buf, handle))
+            self._detach(optimizer, g, k)
+        while writes:
+            buf, handle = writes.popleft()
+            handle.wait()
+            self._free.append(buf)
+        if self._slots != 1 + len(self.keys):  # the first step's buffers held the master only
+            self._slots = 1 + len(self.keys)
+            self._free, self.buffers_allocated = [], 0
+
+    # ------------------------------------------------------------------ ranges and whole state
+    def read_range(self, g: int, key: str, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` of group ``g``'s ``key`` (``"master"`` or a state key), read now."""
+        self._check_key(key)
+        out = torch.empty(hi - lo, dtype=torch.float32)
+        self.io.read(self._path(g, key), lo * 4, out).wait()
+        return out
+
+    def write_range(self, g: int, key: str, lo: int, hi: int, values: torch.Tensor) -> None:
+        self._check_key(key)
+        self.io.write(self._path(g, key), lo * 4, values.to(torch.float32).contiguous()).wait()
+
+    def _check_key(self, key: str) -> None:
+        if key != MASTER and key not in self.keys:
+            raise ZeroConfigError(
+                f"the optimizer has no element-wise state {key!r} (it has {self.keys or 'none yet'})"
+            )
+
+    @contextmanager
+    def resident(self, optimizer: torch.optim.Optimizer, *, write: bool) -> Iterator[list[torch.Tensor]]:
+        """Every group's master and state whole in memory (a checkpoint save or load) while inside; with
+        ``write`` they are written back to the files on exit."""
+        masters = []
+        states: list[dict[str, torch.Tensor]] = []
+        for g, n in enumerate(self.numels):
+            master = torch.empty(n, dtype=torch.float32)
+            self.io.read(self._path(g, MASTER), 0, master).wait()
+            full = {}
+            for key in self.keys:
+                full[key] = torch.empty(n, dtype=torch.float32)
+                self.io.read(self._path(g, key), 0, full[key]).wait()
+            masters.append(master)
+            states.append(full)
+            for view, (lo, hi) in zip(self.views[g], self.bounds[g]):
+                view.data = master[lo:hi]
+                state = optimizer.state.get(view)
+                if state is not None:
+                    for key in self.keys:
+                        state[key] = full[key][lo:hi]
+        try:
+            yield masters
+        finally:
+            if write:
+                first = self.views[0][0] if self.views and self.views[0] else None
+                if not self.keys and first is not None and optimizer.state.get(first):
+                    self._learn_keys_from_load(optimizer)
+                for g, vs in enumerate(self.views):
+                    self.io.write(self._path(g, MASTER), 0, masters[g]).wait()
+                    for key in self.keys:
+                        whole = torch.cat([optimizer.state[v][key] for v in vs])
+                        self.io.write(self._path(g, key), 0, whole).wait()
+            for g, vs in enumerate(self.views):
+                for k in range(len(vs)):
+                    self._detach(optimizer, g, k)
+
+    def _learn_keys_from_load(self, optimizer: torch.optim.Optimizer) -> None:
+        """A load gave the optimizer state before any step: learn its keys (and make their files)."""
+        self._learn_keys(optimizer, 0, 0)
+        self._slots = 1 + len(self.keys)
+        self._free, self.buffers_allocated = [], 0
+
+
+class _Joined:
+    """Several handles waited as one."""
+
+    def __init__(self, handles: list[IOHandle]) -> None:
+        self.handles = handles
+
+    def done(self) -> bool:
+        return all(h.done() for h in self.handles)
+
+    def wait(self) -> None:
+        for h in self.handles:
+            h.wait()
