@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import ds_engine
+import ds_optim
 import pytest
 import torch
 
@@ -33,7 +34,9 @@ def _engine(dtype=torch.float32, optimizer=None, **config):
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("scale_wrt_gas", [True, False])
 def test_backward_returns_the_loss_scaled_for_accumulation(precision, scale_wrt_gas):
-    dtype, extra = (torch.float16, {"fp16": {"enabled": True}}) if precision == "fp16" else (torch.float32, {})
+    dtype, extra = (
+        (torch.float16, {"fp16": {"enabled": True}}) if precision == "fp16" else (torch.float32, {})
+    )
     engine = _engine(dtype, **extra)
     loss = engine(torch.randn(1, 4, dtype=dtype)).float().sum() * 0 + RECORD["loss"]
     got = engine.backward(loss, scale_wrt_gas=scale_wrt_gas)
@@ -89,3 +92,82 @@ def test_cpu_device_count_is_the_local_world_size(monkeypatch, env, expected):
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert get_accelerator().device_count() == expected
+
+
+# ---- LR schedules (deepspeed.runtime.lr_schedules is ds_optim's): a tensor lr, per-group lists, methods
+def _sgd(lr, groups=1):
+    params = [torch.nn.Parameter(torch.ones(2)) for _ in range(groups)]
+    return torch.optim.SGD([{"params": [p]} for p in params], lr=lr)
+
+
+_SCHEDULES = {
+    "WarmupLR": lambda o, per: ds_optim.WarmupLR(
+        o, warmup_min_lr=per([0.0, 0.001]), warmup_max_lr=per([0.01, 0.02]), warmup_num_steps=4
+    ),
+    "WarmupDecayLR": lambda o, per: ds_optim.WarmupDecayLR(
+        o,
+        total_num_steps=8,
+        warmup_min_lr=per([0.0, 0.001]),
+        warmup_max_lr=per([0.01, 0.02]),
+        warmup_num_steps=4,
+    ),
+    "WarmupCosineLR": lambda o, per: ds_optim.WarmupCosineLR(o, total_num_steps=8, warmup_num_steps=4),
+    "OneCycle": lambda o, per: ds_optim.OneCycle(
+        o, cycle_min_lr=per([0.001, 0.002]), cycle_max_lr=per([0.01, 0.02]), cycle_first_step_size=3
+    ),
+    "LRRangeTest": lambda o, per: ds_optim.LRRangeTest(o, lr_range_test_min_lr=per([0.001, 0.002])),
+}
+
+
+def _trace(schedule, optimizer) -> list[dict]:
+    rows = []
+    for _ in range(5):
+        schedule.step()
+        last = schedule.get_last_lr()
+        row = {
+            "group_lr_is_tensor": torch.is_tensor(optimizer.param_groups[0]["lr"]),
+            "group_lrs": [float(g["lr"]) for g in optimizer.param_groups],
+            "last_lr_types": [type(v).__name__ for v in last],
+            "last_lr": [float(v) for v in last],
+        }
+        if hasattr(schedule, "get_lr_ratio"):
+            row["lr_ratio"] = float(schedule.get_lr_ratio())
+        rows.append(row)
+    return rows
+
+
+def _same_rows(ours: list[dict], theirs: list[dict]) -> None:
+    for a, b in zip(ours, theirs, strict=True):
+        for key, value in a.items():
+            if isinstance(value, list) and value and isinstance(value[0], float):
+                assert value == pytest.approx(b[key], rel=1e-6, abs=1e-9), (key, a, b)
+            else:
+                assert value == b[key], (key, a, b)
+
+
+@pytest.mark.parametrize("name", list(_SCHEDULES))
+def test_lr_schedule_keeps_a_tensor_lr_a_tensor(name):
+    recorded = RECORD["lr_schedules"][name]["tensor_lr"]
+    optimizer = _sgd(torch.tensor(0.01))
+    schedule = _SCHEDULES[name](optimizer, lambda v: v[0])
+    assert torch.is_tensor(optimizer.param_groups[0]["lr"]) == recorded["at_init_is_tensor"]
+    _same_rows(_trace(schedule, optimizer), recorded["steps"])
+
+
+@pytest.mark.parametrize("name", list(_SCHEDULES))
+def test_lr_schedule_per_group_values(name):
+    optimizer = _sgd(0.05, groups=2)
+    _same_rows(
+        _trace(_SCHEDULES[name](optimizer, lambda v: v), optimizer), RECORD["lr_schedules"][name]["per_group"]
+    )
+    recorded = RECORD["lr_schedules"][name]["wrong_list_length"]
+    if recorded is not None:
+        with pytest.raises(ValueError, match="expected 2"):
+            _SCHEDULES[name](_sgd(0.05, groups=2), lambda v: [v[0]] * 3)
+
+
+@pytest.mark.parametrize("name", list(_SCHEDULES))
+def test_lr_schedule_has_deepspeeds_methods(name):
+    ours = getattr(ds_optim, name)
+    missing = [m for m in RECORD["lr_schedules"][name]["methods"] if not callable(getattr(ours, m, None))]
+    assert missing == []

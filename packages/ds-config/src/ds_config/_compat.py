@@ -198,7 +198,9 @@ class AioConfig(_CompatSection):
     queue_depth: JsonInt = Field(8, ge=1, description="DeepSpeed: NVMe I/O queue depth.")
     intra_op_parallelism: JsonInt = Field(1, ge=1, description="DeepSpeed: I/O threads per operation.")
     thread_count: JsonInt = Field(
-        1, ge=1, description="The older name of intra_op_parallelism (Lightning writes it; DeepSpeed 0.19 ignores it)."
+        1,
+        ge=1,
+        description="The older name of intra_op_parallelism (Lightning writes it; DeepSpeed 0.19 ignores it).",
     )
     single_submit: JsonBool = Field(False, description="DeepSpeed: submit I/O requests one at a time.")
     overlap_events: JsonBool = Field(True, description="DeepSpeed: overlap I/O submission and completion.")
