@@ -171,3 +171,95 @@ def test_lr_schedule_has_deepspeeds_methods(name):
     ours = getattr(ds_optim, name)
     missing = [m for m in RECORD["lr_schedules"][name]["methods"] if not callable(getattr(ours, m, None))]
     assert missing == []
+
+
+# ---- initialize without an optimizer: an engine for evaluation
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_initialize_without_an_optimizer_gives_an_engine_for_evaluation(stage):
+    recorded = RECORD["no_optimizer"][f"stage{stage}"]
+    config = {"train_micro_batch_size_per_gpu": 2, "zero_optimization": {"stage": stage}}
+    if "initialize" in recorded:  # DeepSpeed refuses ZeRO 1 and 2 without an optimizer
+        assert recorded["initialize"]["mro"][0] == "AssertionError"
+        with pytest.raises(AssertionError) as raised:
+            ds_engine.initialize(model=_net(), config=config)
+        assert str(raised.value) == recorded["initialize"]["message"]
+        return
+    engine, optimizer, _, scheduler = ds_engine.initialize(model=_net(), config=config)
+    assert (optimizer is None) == (recorded["optimizer"] is None) and scheduler is None
+    x = torch.linspace(-1, 1, 8).reshape(2, 4)
+    assert engine(x).detach().flatten().tolist() == pytest.approx(recorded["forward"], abs=1e-6)
+    engine.eval()
+    with torch.no_grad():
+        assert engine(x).flatten().tolist() == pytest.approx(recorded["eval_forward"], abs=1e-6)
+    engine.train()
+    # DeepSpeed refuses backward and step with an AssertionError at stage 0; its stage 3 fails inside with
+    # AttributeErrors: ds gives stage 0's refusal at every stage
+    message = RECORD["no_optimizer"]["stage0"]
+    with pytest.raises(AssertionError) as raised:
+        engine.backward(engine(x).sum())
+    assert str(raised.value) == message["backward"]["message"]
+    assert all(p.grad is None for p in engine.module.parameters())
+    with pytest.raises(AssertionError) as raised:
+        engine.step()
+    assert str(raised.value) == message["step"]["message"]
+    assert engine.global_steps == recorded["global_steps"]
+    assert engine.get_lr() == message["get_lr"]["value"]
+
+
+# ---- ZeRO-3: a module returns a parameter of another module (DeepSpeed's "dangling" external parameter)
+class _Dangling(torch.nn.Linear):
+    def forward(self, x):
+        return super().forward(x), self.bias  # its own parameter, returned to the parent
+
+
+class _Middle(torch.nn.Linear):
+    def __init__(self, seen: list):
+        super().__init__(6, 6)
+        self.inner = _Dangling(6, 6)
+        self.seen = seen
+
+    def forward(self, x):
+        out, bias = self.inner(super().forward(x))
+        self.seen.append(bias.ds_status if hasattr(bias, "ds_status") else None)
+        return out, bias  # the inner module's parameter, passed on by this one
+
+
+class _Container(torch.nn.Module):
+    def __init__(self, seen: list):
+        super().__init__()
+        self.first = torch.nn.Linear(6, 6)
+        self.middle = _Middle(seen)
+
+    def forward(self, x):
+        out, bias = self.middle(self.first(x))
+        return (out + bias).pow(2).mean()  # the parameter is used outside the module that owns it
+
+
+@pytest.mark.parametrize("stage", [0, 3])
+def test_zero3_module_returning_another_modules_parameter(stage):
+    recorded = RECORD["external_parameter"][f"stage{stage}"]
+    assert recorded["error"] is None
+    seen: list = []
+    torch.manual_seed(0)
+    model = _Container(seen)
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "zero_allow_untested_optimizer": True,
+    }
+    engine = ds_engine.initialize(model=model, config=config)[0]
+    losses = []
+    for step in range(3):
+        loss = engine(torch.linspace(-1, 1, 12).reshape(2, 6) * (step + 1))
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    assert losses == pytest.approx(recorded["losses"], rel=1e-6)
+    if stage == 3:
+        from ds_zero.stage3 import ZeroParamStatus
+
+        # available while it is returned and used; released after the step, as in DeepSpeed
+        assert {str(s) for s in seen} == set(recorded["returned_bias_status"])
+        assert str(model.middle.inner.bias.ds_status) == recorded["inner_bias_status_after"]
+        assert ZeroParamStatus.AVAILABLE.name == "AVAILABLE"
