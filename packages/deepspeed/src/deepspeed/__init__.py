@@ -14,7 +14,9 @@ beside it (see ``deepspeed._shadow``).
 
 from __future__ import annotations
 
+import copy
 import logging
+import os
 from typing import Any
 
 import ds_engine
@@ -45,13 +47,11 @@ init_inference = ds_engine.init_inference
 log_dist = utils.log_dist
 dist = comm
 
-_announced = False
+from deepspeed.runtime.config import DEEPSPEED_DEFAULTS, DeepSpeedConfigError  # noqa: E402
+from deepspeed.runtime.config import deepspeed_defaults as _deepspeed_defaults  # noqa: E402
+from deepspeed.runtime.config import load_param_dict as _load_param_dict  # noqa: E402
 
-# Config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference and
-# spec/decisions.md): 0.19 clips gradients to norm 1.0 unless the config says otherwise, and its fp16 loss
-# scale starts at 2**16 (ds_engine's at 2**32). Without these, a config that leaves the keys out (the
-# Trainer's and Accelerate's usual ones) would train differently under `import deepspeed`.
-DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0, "fp16": {"initial_scale_power": 16}}
+_announced = False
 
 
 def initialize(*args: Any, **kwargs: Any) -> tuple[DeepSpeedEngine, Any, Any, Any]:
@@ -59,16 +59,40 @@ def initialize(*args: Any, **kwargs: Any) -> tuple[DeepSpeedEngine, Any, Any, An
 
     Every argument (``args``, ``model``, ``optimizer``, ``model_parameters``, ``training_data``,
     ``lr_scheduler``, ``mpu``, ``dist_init_required``, ``collate_fn``, ``config``, ``config_params``)
-    is passed through unchanged; see :func:`ds_engine.initialize`. Keys the config leaves out take
-    DeepSpeed 0.19.8's defaults (:data:`DEEPSPEED_DEFAULTS`).
+    is passed through; see :func:`ds_engine.initialize`. A config file is read as hjson, as DeepSpeed reads
+    it (JSON is hjson), and keys the config leaves out take DeepSpeed 0.19.8's defaults
+    (:func:`deepspeed.runtime.config.deepspeed_defaults`).
     """
     global _announced
-    kwargs.setdefault("defaults", DEEPSPEED_DEFAULTS)
+    kwargs.setdefault("defaults", _deepspeed_defaults)
+    args = _read_config_files_as_hjson(args, kwargs)
     result = _ds_initialize(*args, **kwargs)
     if not _announced and comm.get_rank() == 0:
         logging.getLogger("ds_engine").info("deepspeed is %s", IMPLEMENTATION)
     _announced = True
     return result
+
+
+def _read_config_files_as_hjson(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """Replace a config given as a file path (``config=``, ``config_params=`` or ``args.deepspeed_config``)
+    by its hjson-parsed dict (``kwargs`` in place; the positional arguments returned); ds_engine then
+    validates that dict."""
+    for key in ("config", "config_params"):
+        if _is_file(kwargs.get(key)):
+            kwargs[key] = _load_param_dict(kwargs[key])
+    cli = args[0] if args else kwargs.get("args")
+    path = getattr(cli, "deepspeed_config", None)
+    if _is_file(path):
+        cli = copy.copy(cli)  # the script's own namespace keeps its path
+        cli.deepspeed_config = _load_param_dict(path)
+        if args:
+            return (cli, *args[1:])
+        kwargs["args"] = cli
+    return args
+
+
+def _is_file(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike)) and os.path.isfile(value)
 
 
 initialize.__wrapped__ = _ds_initialize  # type: ignore[attr-defined]
@@ -78,6 +102,7 @@ __all__ = [
     "DEEPSPEED_API_VERSION",
     "DEEPSPEED_DEFAULTS",
     "IMPLEMENTATION",
+    "DeepSpeedConfigError",
     "DeepSpeedEngine",
     "FeatureNotAvailableError",
     "InitializeError",

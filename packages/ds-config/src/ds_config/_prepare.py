@@ -45,8 +45,12 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+# sections whose values are DeepSpeed's own, passed through as written ("stages": "auto" is a real value)
+_VERBATIM = frozenset({"pipeline"})
+
+
 def _resolve_auto(node: Any, path: str, auto_values: dict[str, Any], prep: Preparation) -> None:
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or path in _VERBATIM:
         return
     for key in list(node):
         sub = _join(path, key)
