@@ -171,3 +171,24 @@ def test_get_functions_read_a_raw_dict_as_deepspeeds():
 def test_zero_config_getter_applies_deepspeeds_stage3_default():
     assert get_zero_config({"zero_optimization": {"stage": 3}}).overlap_comm is True
     assert get_zero_config({"zero_optimization": {"stage": 2}}).overlap_comm is False
+
+
+def test_config_model_base_moves_a_deprecated_field_onto_its_replacement(caplog):
+    """DeepSpeedConfigModel (runtime.config_utils), the base libraries derive their own config models from."""
+    from pydantic import Field
+
+    from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+
+    class Example(DeepSpeedConfigModel):
+        new_size: int = 0
+        old_size: str = Field(
+            "0", json_schema_extra={"deprecated": True, "new_param": "new_size", "new_param_fn": int}
+        )
+
+    assert Example(old_size="12").new_size == 12
+    assert "old_size is deprecated use new_size instead" in caplog.text
+    assert Example(new_size="auto").new_size == 0  # Hugging Face's "auto" leaves the default
+    with pytest.raises(ValueError, match="together"):
+        Example(old_size="1", new_size=2)
+    with pytest.raises(ValueError):
+        Example(unknown=1)
