@@ -175,9 +175,8 @@ def test_zero_config_getter_applies_deepspeeds_stage3_default():
 
 def test_config_model_base_moves_a_deprecated_field_onto_its_replacement(caplog):
     """DeepSpeedConfigModel (runtime.config_utils), the base libraries derive their own config models from."""
-    from pydantic import Field
-
     from deepspeed.runtime.config_utils import DeepSpeedConfigModel
+    from pydantic import Field
 
     class Example(DeepSpeedConfigModel):
         new_size: int = 0
