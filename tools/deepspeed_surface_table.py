@@ -11,7 +11,10 @@ _INFERENCE = (
     "DeepSpeed-Inference (kernel injection, ragged batching, inference kernels): ds trains, it does not serve"
 )
 _KERNELS = "DeepSpeed's compiled CUDA/C++ kernels and their builders: ds compiles no ops (torch and Numba kernels instead)"
-_NVME = "ZeRO-Infinity NVMe offload and async I/O: ds-config refuses nvme offload"
+_NVME = (
+    "DeepSpeed's NVMe swapper classes and aio/GDS handles: ds's NVMe optimizer-state offload (stage 3) has its own "
+    "(ds_zero._aio, ds_zero.stage3._swap); parameter offload to NVMe is not in ds (ds-config refuses it)"
+)
 _PIPE = "pipeline parallelism: ds trains one nn.Module, data parallel with ZeRO"
 _MOE = "mixture of experts / expert parallelism"
 _TP = "tensor parallelism (AutoTP) and sequence parallelism: ds is data parallel only"
@@ -198,11 +201,54 @@ ABSENT: dict[str, str] = {
     "deepspeed.utils.safe_update_full_grad_vectorized": "not provided (see the safe_get section)",
     "deepspeed.runtime.dataloader": _INTERNAL,
     "deepspeed.constants.default_pg_timeout": "ds's process-group timeout is ds-launch's (ds_launch.init_distributed)",
+    # DeepSpeed's config-key constants and getters (left pending by the config-objects branch, classified at merge)
+    "deepspeed.runtime.config": (
+        "DeepSpeed's key-name/format-string constants and per-key getters: ds's keys, defaults and validation are "
+        "ds_config's models (read them through DeepSpeedConfig); the rest serve features ds lacks (curriculum/data "
+        "efficiency, random-LTD, dynamic batching, expert/sequence parallelism, hybrid engine, torch_autocast, "
+        "universal and node-local checkpoints, checkpoint parallel write, legacy fusion, data_types)"
+    ),
+    "deepspeed.runtime.constants": (
+        "DeepSpeed's key-name/format-string constants of keys ds reads through ds_config's models, and of features "
+        "ds lacks (torch_autocast, data_types, universal/node-local checkpoints, checkpoint parallel write, "
+        "sequence/expert parallelism, vocabulary size for its hybrid engine)"
+    ),
+    "deepspeed.runtime.precision_config": "the fp16/bf16 sections' format strings: ds_config's field descriptions are the documentation",
+    "deepspeed.runtime.lr_schedules": (
+        "DeepSpeed's command-line tuning arguments for LR schedules (add_tuning_arguments, parse_arguments, "
+        "override_*_params, get_config_from_args, get_lr_from_config, update_lr) and their internal constants: "
+        "ds builds schedules from the config's scheduler section only"
+    ),
+    "deepspeed.runtime.config_utils.DeepSpeedConfigModel.serialize_torch_dtype": "a pydantic serializer of DeepSpeed's models; ds's models serialise dtypes as strings themselves",
+    "deepspeed.runtime.precision_config.DeepSpeedFP16Config.serialize_torch_dtype": "a pydantic serializer of DeepSpeed's models; ds's models serialise dtypes as strings themselves",
+    "deepspeed.runtime.precision_config.DeepSpeedBF16Config.serialize_torch_dtype": "a pydantic serializer of DeepSpeed's models; ds's models serialise dtypes as strings themselves",
+    "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig.serialize_torch_dtype": "a pydantic serializer of DeepSpeed's models; ds's models serialise dtypes as strings themselves",
+    "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadParamConfig.serialize_torch_dtype": "a pydantic serializer of DeepSpeed's models; ds's models serialise dtypes as strings themselves",
+    "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig.set_pipeline": "DeepSpeed's validator that sets pipeline from pipeline_read/pipeline_write; ds reads the two keys directly",
+    "deepspeed.runtime.zero.config.DeepSpeedZeroConfig": (
+        "DeepSpeed's pydantic validators (compute_grad_norm_valid, elastic_checkpoint_deprecated, offload_ratio_check, "
+        "overlap_comm_valid, serialize_torch_dtype): ds_config's rules validate the same keys (_rules.py)"
+    ),
 }
 
 # Provided, with a difference in signature or value, and why.
 _GETTER = "ds's engine lacks this parameter"
 DIFFERS: dict[str, str] = {
+    "deepspeed.runtime.zero.config.DeepSpeedZeroConfig": (
+        "a view over ds_config's ZeroConfig: keyword construction only (no positional strict), and the keys of "
+        "features ds lacks (zenflow, hpZ, quantized weights/gradients, leaf modules, Muon, ...) are not fields"
+    ),
+    "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig": (
+        "a view over ds_config's offload section: keyword construction only; super_offload and cpuadam_cores_perc "
+        "(SuperOffload) are not fields"
+    ),
+    "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadParamConfig": "a view over ds_config's offload section: keyword construction only (no positional strict)",
+    "deepspeed.runtime.precision_config.DeepSpeedFP16Config": "a view over ds_config's fp16 section: keyword construction only (no positional strict)",
+    "deepspeed.runtime.precision_config.DeepSpeedBF16Config": "a view over ds_config's bf16 section: keyword construction only (no positional strict)",
+    "deepspeed.runtime.config.GRADIENT_CLIPPING_DEFAULT": "ds_config's 0.0; deepspeed.initialize fills DeepSpeed's 1.0 (deepspeed_defaults)",
+    "deepspeed.runtime.config.FP16_INITIAL_SCALE_POWER_DEFAULT": "ds_config's 32 (decisions.md); deepspeed.initialize fills DeepSpeed's 16",
+    "deepspeed.runtime.config.STEPS_PER_PRINT_DEFAULT": "ds prints every 10 steps (logging only); DeepSpeed never",
+    "deepspeed.runtime.config.BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT": "DeepSpeed's constant says True but its config uses False; ds's constant says what ds uses (False)",
     "deepspeed.comm.comm.init_distributed": (
         "ds's init_distributed (ds-launch) lacks dist_init_required, config, rank, world_size: rank and world "
         "size come from the launcher's environment"

@@ -8,7 +8,12 @@ Writes ``packages/ds-engine/tests/fixtures/deepspeed_behaviour.json``, which
 ``packages/ds-engine/tests/test_deepspeed_behaviour.py`` compares ds against: the value ``backward(loss)``
 returns (gradient accumulation 2, fp32 and fp16 with its loss scale, and ``scale_wrt_gas=False``), and the
 exception class and message of ``save_checkpoint(None)`` / ``save_checkpoint("")``, ``initialize(model=None)``
-and a client optimizer ZeRO has not tested without ``zero_allow_untested_optimizer``. One process, world 1.
+and a client optimizer ZeRO has not tested without ``zero_allow_untested_optimizer``. One process, world 1;
+``no_sync`` also at 2 ranks (this script started twice with ``--no-sync-rank``).
+
+Also writes ``packages/deepspeed/tests/fixtures/deepspeed_config_objects.json`` (DeepSpeedConfig and its
+section models read as code reads them) and adds the LR schedules, ``initialize`` without an optimizer,
+``no_sync`` and a ZeRO-3 external parameter to the behaviour fixture (``tools/_record_deepspeed_surface.py``).
 """
 
 from __future__ import annotations
@@ -16,10 +21,19 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _record_deepspeed_surface as surface  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "packages/ds-engine/tests/fixtures/deepspeed_behaviour.json"
 # the public names and constants of DeepSpeed's module paths, for the deepspeed package's own tests
+CONFIG_OUT = (
+    Path(__file__).resolve().parents[1] / "packages/deepspeed/tests/fixtures/deepspeed_config_objects.json"
+)
 NAMES_OUT = (
     Path(__file__).resolve().parents[1] / "packages/deepspeed/tests/fixtures/deepspeed_module_names.json"
 )
@@ -159,12 +173,43 @@ def _module_names() -> dict:
     return got
 
 
-def main() -> None:
+def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+        return s.getsockname()[1]
+
+
+def _no_sync_at_two_ranks() -> dict:
+    """Start this script twice (ranks 0 and 1) in ``--no-sync-rank`` mode; both ranks' records."""
+    port, procs, outs = _free_port(), [], []
+    for rank in range(2):
+        out = Path(tempfile.mkdtemp()) / f"rank{rank}.json"
+        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank)}
+        env.update(WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, "--no-sync-rank", str(out)], env=env))
+        outs.append(out)
+    if any(p.wait(timeout=900) for p in procs):
+        raise RuntimeError("the no_sync ranks failed")
+    return {f"rank{r}": json.loads(o.read_text()) for r, o in enumerate(outs)}
+
+
+def _no_sync_rank(out: str) -> None:
+    import deepspeed
+    import torch
+
+    Path(out).write_text(json.dumps(surface.no_sync_ranks(deepspeed, torch, int(os.environ["RANK"]))))
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--no-sync-rank":
+        return _no_sync_rank(sys.argv[2])
+    # DS_RECORD_NO_SYNC_CACHE=path: reuse (or write) the 2-rank record there (DeepSpeed's op builds are slow)
+    cache = Path(os.environ.get("DS_RECORD_NO_SYNC_CACHE", "/nonexistent"))
+    no_sync_ranks = json.loads(cache.read_text()) if cache.is_file() else _no_sync_at_two_ranks()
+    if cache.parent.is_dir():
+        cache.write_text(json.dumps(no_sync_ranks))
     os.environ.update(
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"
     )
     import deepspeed
     import torch
@@ -205,6 +250,13 @@ def main() -> None:
     out["config_optimizer"] = _config_optimizers(deepspeed, torch)
     out["cpu_adam"] = _cpu_adam(deepspeed, torch)
     out["device_count"] = _device_count(deepspeed)
+    out["lr_schedules"] = surface.lr_schedules(torch)
+    out["no_optimizer"] = surface.no_optimizer(deepspeed, torch)
+    out["no_sync"] = {"refusals": surface.no_sync_refusals(deepspeed, torch), "two_ranks": no_sync_ranks}
+    out["external_parameter"] = surface.external_parameter(deepspeed, torch)
+    with tempfile.TemporaryDirectory() as tmp:
+        objects = {"deepspeed": deepspeed.__version__, **surface.config_objects(deepspeed, tmp)}
+    CONFIG_OUT.write_text(json.dumps(objects, indent=2) + "\n")
     NAMES_OUT.write_text(json.dumps({"deepspeed": deepspeed.__version__, **_module_names()}, indent=2) + "\n")
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_text(json.dumps(out, indent=2) + "\n")

@@ -13,6 +13,7 @@ import argparse
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,6 +66,8 @@ RUNS: dict[str, tuple[str, tuple[str, ...], dict | None, int | None]] = {
         },
         12,
     ),
+    # HelloDeepSpeed's BERT shape: save with client state, a fresh engine loads and trains on ({tmp}: a new folder)
+    "hello_bert_zero1_fp32": ("bert_hello.py", ("--stage", "1", "--checkpoint_dir", "{tmp}"), None, None),
     "bert_zero1_fp32": (
         "bert_mlm_hf.py",
         (),
@@ -96,7 +99,11 @@ def main() -> None:
             print(f"skipped {name}: transformers is not installed next to deepspeed")
             continue
         losses_file = OUT / f"{name}.losses.tmp"
-        run_ranks(args.deepspeed_python, SCRIPTS / script, config, losses_file, steps=steps, extra_args=extra)
+        with tempfile.TemporaryDirectory() as tmp:
+            given = tuple(a.replace("{tmp}", tmp) for a in extra)
+            run_ranks(
+                args.deepspeed_python, SCRIPTS / script, config, losses_file, steps=steps, extra_args=given
+            )
         record = {
             "deepspeed_version": version,
             "world_size": WORLD_SIZE,

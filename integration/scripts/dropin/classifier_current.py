@@ -2,9 +2,10 @@
 
 ``get_accelerator()`` for the device, ``deepspeed.init_distributed()``, the config built in the script as a
 dict (with DeepSpeed's defaults spelled out, as current examples do), ``bfloat16_enabled()`` /
-``fp16_enabled()`` to cast inputs, ``deepspeed.comm`` for the loss average, ``log_dist`` for output.
-Written for ``import deepspeed``; the tests run it with only that line changed.
-Usage: classifier_current.py --stage {0,1,2} --dtype {fp32,bf16,fp16} --out LOSSES.json [--save_dir DIR]
+``fp16_enabled()`` to cast inputs, ``deepspeed.comm`` for the loss average, ``log_dist`` for output, and the
+example's mixture-of-experts arguments (``--moe`` swaps the last layer for ``deepspeed.moe.layer.MoE``).
+Written for ``import deepspeed``; the tests run it unmodified.
+Usage: classifier_current.py --stage {0,1,2} --dtype {fp32,bf16,fp16} --out LOSSES.json [--save_dir DIR] [--moe ...]
 """
 
 import argparse
@@ -26,6 +27,17 @@ def get_args():
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     parser.add_argument("--out", required=True)
     parser.add_argument("--save_dir", default=None)
+    # mixture of experts, as the example's
+    parser.add_argument("--moe", default=False, action="store_true", help="use deepspeed mixture of experts")
+    parser.add_argument("--ep-world-size", default=1, type=int, help="(moe) expert parallel world size")
+    parser.add_argument("--num-experts", type=int, nargs="+", default=[1], help="number of experts list")
+    parser.add_argument("--mlp-type", type=str, default="standard", help="standard or residual MoE")
+    parser.add_argument("--top-k", default=1, type=int, help="(moe) gating top 1 and 2 supported")
+    parser.add_argument("--min-capacity", default=0, type=int, help="(moe) minimum capacity of an expert")
+    parser.add_argument("--noisy-gate-policy", default=None, type=str, help="(moe) noisy gating")
+    parser.add_argument(
+        "--moe-param-group", default=False, action="store_true", help="(moe) own param groups"
+    )
     parser = deepspeed.add_config_arguments(parser)
     return parser.parse_args()
 
@@ -69,13 +81,42 @@ def ds_config(args):
 
 
 class Net(nn.Module):
-    def __init__(self):
+    def __init__(self, args):
         super().__init__()
         self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 10))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(8 * 4 * 4, 32), nn.ReLU())
+        self.moe = args.moe
+        if args.moe:
+            experts = []
+            for n_e in args.num_experts:
+                experts.append(
+                    deepspeed.moe.layer.MoE(
+                        hidden_size=32,
+                        expert=nn.Linear(32, 32),
+                        num_experts=n_e,
+                        ep_size=args.ep_world_size,
+                        use_residual=args.mlp_type == "residual",
+                        k=args.top_k,
+                        min_capacity=args.min_capacity,
+                        noisy_gate_policy=args.noisy_gate_policy,
+                    )
+                )
+            self.experts = nn.ModuleList(experts)
+        self.out = nn.Linear(32, 10)
 
     def forward(self, x):
-        return self.head(self.features(x))  # (B, 10)
+        x = self.head(self.features(x))  # (B, 32)
+        if self.moe:
+            for layer in self.experts:
+                x, _, _ = layer(x)
+        return self.out(x)  # (B, 10)
+
+
+def create_moe_param_groups(model):
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    parameters = {"params": [p for p in model.parameters()], "name": "parameters"}
+    return split_params_into_different_moe_groups_for_optimizer(parameters)
 
 
 def synthetic_images(n=256):
@@ -90,9 +131,13 @@ def synthetic_images(n=256):
 def main():
     args = get_args()
     deepspeed.init_distributed(dist_backend="gloo")  # CPU run: DeepSpeed's CPU default is oneCCL
+    if args.moe:
+        deepspeed.utils.groups.initialize(ep_size=args.ep_world_size)
     torch.manual_seed(0)
-    net = Net()
+    net = Net(args)
     parameters = filter(lambda p: p.requires_grad, net.parameters())
+    if args.moe_param_group:
+        parameters = create_moe_param_groups(net)
     model_engine, optimizer, trainloader, __ = deepspeed.initialize(
         args=args,
         model=net,

@@ -47,3 +47,14 @@ def test_a_section_default_adds_no_section():
     """The fp16 default fills an fp16 section the config has; it does not turn fp16 on in one without."""
     engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 2), config=CFG)
     assert not engine.fp16_enabled()
+
+
+@pytest.mark.parametrize(("stage", "expected"), [(2, False), (3, True)])
+def test_overlap_comm_defaults_to_true_at_stage_3_as_deepspeed_019(stage, expected):
+    """DeepSpeed 0.19.8's ZeRO model decides overlap_comm by stage when the config leaves it out."""
+    config = {**CFG, "zero_optimization": {"stage": stage}}
+    engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 2), config=config)
+    assert engine.ds_config.zero_optimization.overlap_comm is expected
+    explicit = {**CFG, "zero_optimization": {"stage": stage, "overlap_comm": not expected}}
+    engine, *_ = deepspeed.initialize(model=torch.nn.Linear(4, 2), config=explicit)
+    assert engine.ds_config.zero_optimization.overlap_comm is (not expected)

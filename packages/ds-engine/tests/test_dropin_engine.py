@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import sys
+from pathlib import Path
 
 import ds_engine
 import pytest
 import torch
+
+RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_behaviour.json").read_text())
 
 CFG = {"train_batch_size": 4, "steps_per_print": 100, "optimizer": {"type": "Adam", "params": {"lr": 1e-2}}}
 
@@ -92,9 +96,26 @@ def test_with_bf16_initialize_returns_the_engines_wrapper():
     assert optimizer is engine.optimizer and optimizer is not client
 
 
-def test_no_sync_is_refused_with_zero_stages():
-    engine, *_ = ds_engine.initialize(model=net(), config={**CFG, "zero_optimization": {"stage": 2}})
-    with pytest.raises(RuntimeError, match="no_sync.*ZeRO stage 2"), engine.no_sync():
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_no_sync_is_refused_where_deepspeed_refuses_it(stage):
+    """DeepSpeed 0.19.8 refuses no_sync only where ZeRO partitions gradients (2, 3), with an AssertionError."""
+    recorded = RECORD["no_sync"]["refusals"][f"stage{stage}"]
+    engine, *_ = ds_engine.initialize(model=net(), config={**CFG, "zero_optimization": {"stage": stage}})
+    if recorded is None:
+        with engine.no_sync():
+            pass
+        return
+    assert recorded["mro"][0] == "AssertionError"
+    with pytest.raises(AssertionError) as raised, engine.no_sync():
+        pass
+    assert str(raised.value) == recorded["message"]
+
+
+def test_no_sync_refuses_a_step_inside_and_nesting():
+    engine, *_ = ds_engine.initialize(model=net(), config=CFG)
+    with pytest.raises(AssertionError, match="illegal to call Engine.step"), engine.no_sync():
+        engine.step()
+    with pytest.raises(AssertionError, match="reentry"), engine.no_sync(), engine.no_sync():
         pass
 
 

@@ -86,9 +86,12 @@ def test_unknown_key_is_rejected_with_suggestion():
         ds_engine.initialize(model=net(), config={**CFG, "gradient_clippin": 1.0})
 
 
-def test_no_optimizer_anywhere():
-    with pytest.raises(ValueError, match="no optimizer"):
-        ds_engine.initialize(model=net(), config={"train_batch_size": 4})
+def test_no_optimizer_anywhere_is_an_engine_for_evaluation():
+    """As DeepSpeed 0.19.8 (test_deepspeed_behaviour.py compares with its record): training is refused."""
+    engine, optimizer, _, _ = ds_engine.initialize(model=net(), config={"train_batch_size": 4})
+    assert optimizer is None
+    with pytest.raises(AssertionError, match="must provide optimizer during init in order to use backward"):
+        engine.backward(engine(torch.ones(4, 4)).sum())
 
 
 def test_client_optimizer_and_scheduler_factory():

@@ -14,8 +14,10 @@ beside it (see ``deepspeed._shadow``).
 
 from __future__ import annotations
 
+import copy
 import inspect
 import logging
+import os
 from typing import Any
 
 import ds_engine
@@ -57,7 +59,9 @@ init_inference = ds_engine.init_inference
 log_dist = utils.log_dist
 dist = comm
 
-_announced = False
+from deepspeed.runtime.config import DEEPSPEED_DEFAULTS  # noqa: E402
+from deepspeed.runtime.config import deepspeed_defaults as _deepspeed_defaults  # noqa: E402
+from deepspeed.runtime.config import load_param_dict as _load_param_dict  # noqa: E402
 
 # DeepSpeed's top-level classes of features ds does not have: importable, fail at use naming the feature
 PipelineEngine = _missing_class(
@@ -91,11 +95,7 @@ DeepSpeedTransformerConfig = _missing_class(
     "Use a torch transformer layer.",
 )
 
-# Config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference and
-# spec/decisions.md): 0.19 clips gradients to norm 1.0 unless the config says otherwise, and its fp16 loss
-# scale starts at 2**16 (ds_engine's at 2**32). Without these, a config that leaves the keys out (the
-# Trainer's and Accelerate's usual ones) would train differently under `import deepspeed`.
-DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0, "fp16": {"initial_scale_power": 16}}
+_announced = False
 
 
 def initialize(
@@ -119,8 +119,10 @@ def initialize(
     """DeepSpeed's ``deepspeed.initialize`` (its parameters, in its order): ds_engine's ``initialize``, then one
     log line saying ds runs.
 
-    Every argument is passed to :func:`ds_engine.initialize` by name. Keys the config leaves out take
-    DeepSpeed 0.19.8's defaults (:data:`DEEPSPEED_DEFAULTS`) unless ``defaults`` says otherwise.
+    Every argument is passed to :func:`ds_engine.initialize` by name. A config given as a file path
+    (``config``, ``config_params`` or ``args.deepspeed_config``) is read as hjson, as DeepSpeed reads it (JSON
+    is hjson). Keys the config leaves out take DeepSpeed 0.19.8's defaults
+    (:func:`deepspeed.runtime.config.deepspeed_defaults`) unless ``defaults`` says otherwise.
     ``mesh_param`` (DeepSpeed's device mesh for tensor/sequence parallelism) is refused: ds is data parallel.
     """
     global _announced
@@ -129,6 +131,11 @@ def initialize(
             "deepspeed.initialize(mesh_param=...): a device mesh for tensor/sequence parallelism is not available "
             "in ds (DeepSpeed has it, ds does not). ds is data parallel: leave mesh_param unset."
         )
+    config, config_params = (_load_param_dict(c) if _is_file(c) else c for c in (config, config_params))
+    path = getattr(args, "deepspeed_config", None)
+    if _is_file(path):
+        args = copy.copy(args)  # the script's own namespace keeps its path
+        args.deepspeed_config = _load_param_dict(path)
     result = _ds_initialize(
         args=args,
         model=model,
@@ -143,12 +150,16 @@ def initialize(
         config_params=config_params,
         distributed_port=distributed_port,
         config_strict=config_strict,
-        defaults=DEEPSPEED_DEFAULTS if defaults is None else defaults,
+        defaults=_deepspeed_defaults if defaults is None else defaults,
     )
     if not _announced and comm.get_rank() == 0:
         logging.getLogger("ds_engine").info("deepspeed is %s", IMPLEMENTATION)
     _announced = True
     return result
+
+
+def _is_file(value: Any) -> bool:
+    return isinstance(value, (str, os.PathLike)) and os.path.isfile(value)
 
 
 initialize.__wrapped__ = _ds_initialize  # type: ignore[attr-defined]

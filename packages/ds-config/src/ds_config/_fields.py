@@ -20,10 +20,11 @@ from ._errors import ConfigWarning
 __all__ = ["CONFIG_FIELDS", "NO_EFFECT", "leaf_paths", "section_models", "warn_no_effect"]
 
 # Keys whose whole effect happens inside ds_config: the boolean "zero_optimization": true form takes its
-# bucket size from allgather_size; offload_optimizer.ratio is refused below 1 (a ZeRO-3 feature);
+# bucket size from allgather_size; cpu_offload_param becomes offload_param; offload_optimizer.ratio is refused below 1 (a ZeRO-3 feature);
 # sparse_attention.mode chooses which section model the section is (ds_sparse_attn dispatches on it).
 CONFIG_FIELDS: tuple[str, ...] = (
     "allgather_size",
+    "zero_optimization.cpu_offload_param",
     "zero_optimization.offload_optimizer.ratio",
     "sparse_attention.mode",
 )
@@ -54,6 +55,15 @@ NO_EFFECT: dict[str, str] = {
         "offload, to balance that copy; ds gives each rank one contiguous flat range and copies one "
         "contiguous slice per rank, so there is nothing to rebalance (values and ownership are unchanged)"
     ),
+    "zero_optimization.cpu_offload_use_pin_memory": (
+        "deprecated in DeepSpeed, whose 0.19.8 only warns about it; set pin_memory in offload_optimizer / "
+        "offload_param instead"
+    ),
+    "pipeline": (
+        "read only by DeepSpeed's PipelineModule, which ds does not have (deepspeed.pipe raises "
+        "FeatureNotAvailableError)"
+    ),
+    "gradient_allreduce_op": "accepted only 'mean', which is what ds does ('sum' is an error naming it)",
     # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)
     **compat_no_effect(),
 }

@@ -7,8 +7,9 @@ themselves check types and bounds only (plus the two deprecated spellings they n
 
 from __future__ import annotations
 
+import math
 import warnings
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -146,6 +147,21 @@ class FP16Config(_Section):
         JsonBool, only_default(False, "fp16.fp16_master_weights_and_grads (fp16 master weights)")
     ] = Field(False, description="DeepSpeed: keep master weights in fp16. Only false: ds keeps fp32 masters.")
 
+    @field_validator("loss_scale", mode="before")
+    @classmethod
+    def _loss_scale_number(cls, value: Any) -> Any:
+        """DeepSpeed 0.19.8's messages for a loss scale that is not a finite number >= 0 (ds also refuses a
+        number written as a string, which DeepSpeed converts)."""
+        if isinstance(value, bool):
+            raise ValueError("fp16.loss_scale must be a number, not bool")
+        if not isinstance(value, (int, float)):
+            raise ValueError("fp16.loss_scale must be a number")
+        if not math.isfinite(value):
+            raise ValueError("fp16.loss_scale must be a finite number (not inf/-inf/nan)")
+        if value < 0:
+            raise ValueError("fp16.loss_scale must be >= 0 (0 enables dynamic loss scaling)")
+        return value
+
     @property
     def dynamic_loss_scale(self) -> bool:
         """True when the loss scale is dynamic (``loss_scale == 0``)."""
@@ -282,6 +298,15 @@ class OffloadParamConfig(_Section):
 class ZeroConfig(_Section):
     """``zero_optimization``: ZeRO stage 1 (optimizer state), 2 (+ gradients) and 3 (+ parameters) partitioning."""
 
+    # DeepSpeed's field names for the stage-3 keys (its models take either spelling): read as the key
+    KEY_ALIASES: ClassVar[dict[str, str]] = {
+        "prefetch_bucket_size": "stage3_prefetch_bucket_size",
+        "param_persistence_threshold": "stage3_param_persistence_threshold",
+        "max_live_parameters": "stage3_max_live_parameters",
+        "max_reuse_distance": "stage3_max_reuse_distance",
+        "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
+    }
+
     stage: JsonInt = Field(
         0,
         ge=0,
@@ -316,6 +341,13 @@ class ZeroConfig(_Section):
     )
     offload_optimizer: OffloadOptimizerConfig | None = Field(
         None, description="Offload the optimizer state and step to the CPU (see the offload_optimizer table)."
+    )
+    cpu_offload_param: JsonBool | None = Field(
+        None, description="Deprecated spelling of offload_param.device = 'cpu' (stage 3); do not give both."
+    )
+    cpu_offload_use_pin_memory: JsonBool | None = Field(
+        None,
+        description="Deprecated (DeepSpeed 0.19.8 warns and ignores it): set pin_memory in the offload sections.",
     )
     load_from_fp32_weights: JsonBool = Field(
         True,
@@ -392,6 +424,17 @@ class ZeroConfig(_Section):
             )
         if self.cpu_offload:
             self.offload_optimizer = OffloadOptimizerConfig(device="cpu")
+        return self
+
+    @model_validator(mode="after")
+    def _cpu_offload_param_to_offload_param(self) -> ZeroConfig:
+        if "cpu_offload_param" in self.model_fields_set and "offload_param" in self.model_fields_set:
+            raise ValueError(
+                "cannot provide deprecated parameter 'zero_optimization.cpu_offload_param' and its replacement "
+                "'zero_optimization.offload_param' together; keep only offload_param"
+            )
+        if self.cpu_offload_param:
+            self.offload_param = OffloadParamConfig(device="cpu")
         return self
 
     @property
@@ -623,6 +666,9 @@ class DSConfig(_Section):
     """The whole DeepSpeed config. Build it with :func:`ds_config.load_config`, which also derives the batch
     sizes for a world size and applies the cross-key rules; after that the three batch fields are all set."""
 
+    # older spellings DeepSpeed still reads: read as the key
+    KEY_ALIASES: ClassVar[dict[str, str]] = {"bfloat16": "bf16"}
+
     train_batch_size: JsonInt | None = Field(
         None,
         ge=1,
@@ -664,6 +710,29 @@ class DSConfig(_Section):
     )
     gradient_clipping: JsonFloat = Field(
         0.0, ge=0, description="Clip gradients to this global L2 norm; 0 disables clipping."
+    )
+    gradient_allreduce_op: Annotated[
+        Literal["mean", "sum"],
+        only_default("mean", "gradient_allreduce_op: sum (summed, not averaged, gradients)"),
+    ] = Field(
+        "mean",
+        description=(
+            "How data-parallel gradients are combined (case-insensitive): 'mean' averages them; DeepSpeed's "
+            "'sum' is not in ds."
+        ),
+    )
+
+    @field_validator("gradient_allreduce_op", mode="before")
+    @classmethod
+    def _lower_case_op(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    pipeline: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "DeepSpeed's pipeline-parallel settings (stages, partition, ...), read only by PipelineModule, "
+            "which ds does not have; accepted so configs that carry it load."
+        ),
     )
     zero_optimization: ZeroConfig = Field(
         default_factory=ZeroConfig,

@@ -22,7 +22,6 @@ _UNSUPPORTED: dict[str, str] = {
     "zero_optimization.legacy_stage1": "legacy stage 1 is not supported (as in DeepSpeed >= 0.5.9); remove it",
     "communication_data_type": "use fp32_allreduce: true for fp32 reductions (the gradient dtype otherwise)",
     "elasticity": "elastic batch sizing is not supported; give the batch sizes explicitly",
-    "bfloat16": 'the old spelling of bf16; write "bf16": {...}',
 }
 
 
@@ -46,8 +45,12 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+# sections whose values are DeepSpeed's own, passed through as written ("stages": "auto" is a real value)
+_VERBATIM = frozenset({"pipeline"})
+
+
 def _resolve_auto(node: Any, path: str, auto_values: dict[str, Any], prep: Preparation) -> None:
-    if not isinstance(node, dict):
+    if not isinstance(node, dict) or path in _VERBATIM:
         return
     for key in list(node):
         sub = _join(path, key)
@@ -124,7 +127,16 @@ def _report(problem: ConfigProblem, strict: bool, prep: Preparation) -> None:
 def _walk(model: type[BaseModel], data: dict[str, Any], path: str, strict: bool, prep: Preparation) -> None:
     fields = model.model_fields
     allows_extra = model.model_config.get("extra") == "allow"
+    aliases: dict[str, str] = getattr(model, "KEY_ALIASES", {})
     for key in list(data):
+        if key in aliases:  # DeepSpeed's other spelling of a key: read as that key
+            if aliases[key] in data:
+                message = f"is another name for '{_join(path, aliases[key])}'; give only one of them"
+                prep.problems.append(ConfigProblem(_join(path, key), message, data[key]))
+                del data[key]
+                continue
+            data[aliases[key]] = data.pop(key)
+            key = aliases[key]
         value = data[key]
         if not isinstance(key, str) or key not in fields:
             if allows_extra:

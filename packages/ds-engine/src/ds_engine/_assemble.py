@@ -16,6 +16,7 @@ from ds_config import DSConfig
 from ds_launch import Topology
 from torch import nn
 
+from ds_engine._args import InitializeError
 from ds_engine.zero import check_partitioned_model
 
 logger = logging.getLogger("ds_engine")
@@ -27,14 +28,15 @@ class Parts:
 
     model: nn.Module
     dtype: torch.dtype
-    optimizer: Any  # MixedPrecisionOptimizer | ZeroOptimizer | apex optimizer
-    basic_optimizer: torch.optim.Optimizer
+    optimizer: Any  # MixedPrecisionOptimizer | ZeroOptimizer | apex optimizer | None (evaluation only)
+    basic_optimizer: torch.optim.Optimizer | None
     scaler: Any | None
     reducer: ds_zero.GradientReducer | None
     scheduler: Any | None
     dp_group: Any | None
     dp_world_size: int
     client_optimizer: bool = False  # the script passed the optimizer (or a factory) that steps
+    evaluation_only: bool = False  # no optimizer was given: forward works, backward and step are refused
 
 
 def model_dtype(cfg: DSConfig) -> torch.dtype:
@@ -70,6 +72,18 @@ def assemble(
     # 2. The optimizer exists before anything wraps it (the client's wins over the config's, as in DeepSpeed).
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
     basic = _build_optimizer(cfg, params, optimizer, dp_group)
+    if basic is None:  # an engine for evaluation (DeepSpeed's rules: ZeRO 1 and 2 need an optimizer)
+        stage = cfg.zero_optimization.stage
+        if stage in (1, 2):
+            raise InitializeError(f"zero stage {stage} requires an optimizer")
+        if stage == 0:
+            scheduler = lr_scheduler if hasattr(lr_scheduler, "step") else None
+            return Parts(
+                model, dtype, None, None, None, None, scheduler, dp_group, dp_world_size, False, True
+            )
+        # stage 3 partitions the model and gathers it in forward: its optimizer wrapper owns the hooks, so
+        # it wraps a placeholder that never steps (the engine refuses backward and step)
+        basic = torch.optim.SGD(params, lr=0.0)
 
     # 3. Precision: the loss scaler is handed to whichever wrapper reduces and steps.
     scaler = ds_precision.loss_scaler_from_config(cfg.fp16) if cfg.fp16.enabled else None
@@ -136,6 +150,7 @@ def assemble(
         dp_group,
         dp_world_size,
         optimizer is not None,
+        evaluation_only=optimizer is None and cfg.optimizer is None,
     )
 
 
@@ -162,8 +177,8 @@ def _broadcast_parameters(model: nn.Module, group: Any) -> None:
             dist.broadcast(p.data, src=src, group=group)
 
 
-def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) -> torch.optim.Optimizer:
-    """The client's optimizer (or the one its factory builds) when given, else the config's.
+def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) -> torch.optim.Optimizer | None:
+    """The client's optimizer (or the one its factory builds) when given, else the config's, else None.
 
     DeepSpeed (and spec section 4) let the client optimizer win; the config's section is then unused,
     which the warning says so that nobody tunes a config that does nothing.
@@ -184,9 +199,7 @@ def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) ->
         return ds_optim.optimizer_from_config(
             params, cfg.optimizer, process_group=dp_group, cpu_offload=offload
         )
-    raise ValueError(
-        'no optimizer: add an "optimizer" section to the config or pass initialize(optimizer=...)'
-    )
+    return None
 
 
 def _build_scheduler(cfg: DSConfig, wrapped: Any, client: Any) -> Any:

@@ -25,6 +25,16 @@ from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD
 logger = logging.getLogger("ds_engine")
 
 
+class NoOptimizerError(AssertionError):
+    """backward() or step() on an engine built without an optimizer (an engine for evaluation), DeepSpeed's
+    AssertionError."""
+
+
+class NoSyncError(AssertionError, RuntimeError):
+    """A misuse of ``no_sync()`` (at ZeRO 2/3, nested, ``step()`` inside): DeepSpeed raises AssertionError;
+    it is also a RuntimeError, which ds raised before."""
+
+
 class DeepSpeedEngine(ConfigGetters, nn.Module):
     """Wraps the model; ``forward``, ``backward(loss)`` and ``step()`` follow DeepSpeed's semantics.
 
@@ -57,6 +67,7 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         self._boundary_override: bool | None = None
         self._step_applied = True
         self._inside_no_sync = False
+        self._kept_local = False  # the last backward ran inside no_sync(): its gradients were not reduced
         self.monitor = Monitor.from_config(config, topology.rank)
         self.timers = WallClockTimers(config.wall_clock_breakdown, topology.device)
         if config.dump_state and topology.rank == 0:
@@ -133,10 +144,12 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
         Returns ``loss / gradient_accumulation_steps`` (``loss`` itself with ``scale_wrt_gas=False``), as
         DeepSpeed 0.19.8 does: the loss scaled for accumulation, never the fp16 loss scale.
         """
+        self._require_optimizer("backward")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         scaled = loss.float() / gas if gas > 1 else loss
         # inside no_sync() the boundary backward keeps its gradients local, as DeepSpeed's does
         boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
+        self._kept_local = self._inside_no_sync
         reducer = self.parts.reducer if self._reduce_this_step() else None
         if self.is_gradient_accumulation_boundary() and self.monitor.enabled:
             self.monitor.write_events([("Train/Samples/train_loss", loss.mean().item(), self.global_samples)])
@@ -159,6 +172,17 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
 
     def step(self) -> None:
         """One micro-step; at a boundary: optimizer step, LR step (unless skipped), counters, logging."""
+        if self._inside_no_sync:
+            raise NoSyncError("It is illegal to call Engine.step() inside no_sync context manager")
+        self._require_optimizer("step")
+        if self._kept_local and self.is_gradient_accumulation_boundary():
+            # DeepSpeed 0.19.8 steps on the unreduced gradients here at stage 0 (each rank its own update,
+            # clipped by the mean of the ranks' norms) and fails with a KeyError at stage 1
+            raise RuntimeError(
+                "step() right after a backward inside no_sync(): the gradients were never reduced, so each "
+                "rank would apply its own; run the boundary backward outside no_sync() (it reduces what "
+                "accumulated), then step()"
+            )
         if self.is_gradient_accumulation_boundary():
             with self.timers.time(STEP):
                 if hasattr(self.optimizer, "grads_replicated"):
@@ -184,19 +208,26 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             release()
 
     def zero_grad(self) -> None:
-        self.optimizer.zero_grad()
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
+
+    def _require_optimizer(self, what: str) -> None:
+        if self.parts.evaluation_only:
+            raise NoOptimizerError(f"must provide optimizer during init in order to use {what}")
 
     @contextmanager
     def no_sync(self) -> Iterator[None]:
-        """Backward inside this context does not average gradients across ranks (stage 0 only, as DeepSpeed:
-        ZeRO stages 1 and 2 own the gradients' reduction and cannot defer it)."""
-        if self.zero_optimization_stage() > 0:
-            raise RuntimeError(
-                f"no_sync context manager is incompatible with ZeRO stage {self.zero_optimization_stage()}, "
-                "which reduces gradients itself; use gradient_accumulation_steps instead"
+        """Backward inside this context keeps its gradients local; the next boundary backward outside it
+        reduces what accumulated. As DeepSpeed 0.19.8: stages 0 and 1 only (stages 2 and 3 partition the
+        gradients in every backward, so there is nothing to defer), no ``step()`` inside, no nesting; its
+        refusals are AssertionErrors, as DeepSpeed's."""
+        if self.zero_optimization_stage() >= 2:
+            raise NoSyncError(
+                "no_sync context manager is incompatible with gradient partitioning logic of ZeRO stage "
+                f"{self.zero_optimization_stage()}"
             )
         if self._inside_no_sync:
-            raise RuntimeError("no_sync() is already active; do not nest it")
+            raise NoSyncError("no_sync context manager reentry is unsupported")
         self._inside_no_sync = True
         try:
             yield
@@ -338,7 +369,9 @@ class DeepSpeedEngine(ConfigGetters, nn.Module):
             state = {k: v for k, v in state.items() if k not in frozen}
         if self.global_rank != 0:
             return {}
-        copies: dict[int, torch.Tensor] = {}  # tied names keep sharing one tensor (save_pretrained drops the tie)
+        copies: dict[
+            int, torch.Tensor
+        ] = {}  # tied names keep sharing one tensor (save_pretrained drops the tie)
         for v in state.values():
             if id(v) not in copies:
                 copies[id(v)] = v.detach().cpu().clone()

@@ -112,11 +112,15 @@ class ConfigGetters:
         return self.ds_config.scheduler.params if self.ds_config.scheduler is not None else None
 
     def get_lr(self) -> list[float]:
-        return [group["lr"] for group in self.optimizer.param_groups]
+        """Each group's lr; empty for an engine built without an optimizer (as DeepSpeed's)."""
+        return [group["lr"] for group in self._stepped_groups()]
 
     def get_mom(self) -> list[Any]:
         """Each group's momentum: ``betas`` for Adam-like optimizers, ``momentum`` for SGD-like ones."""
-        return [group.get("betas", group.get("momentum")) for group in self.optimizer.param_groups]
+        return [group.get("betas", group.get("momentum")) for group in self._stepped_groups()]
+
+    def _stepped_groups(self) -> list[dict[str, Any]]:
+        return [] if self.parts.evaluation_only else self.optimizer.param_groups
 
     def get_type(self) -> list[str]:
         return [type(self.parts.basic_optimizer).__name__]

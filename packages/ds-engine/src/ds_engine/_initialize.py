@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import ds_launch
@@ -49,7 +49,7 @@ def initialize(
     config_params: Any = None,
     distributed_port: int = 29500,
     config_strict: bool | None = None,
-    defaults: Mapping[str, Any] | None = None,
+    defaults: Mapping[str, Any] | Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[DeepSpeedEngine, Any, Any, Any]:
     """Build the engine; returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` like DeepSpeed.
 
@@ -62,8 +62,9 @@ def initialize(
     With fp32 at ZeRO stage 0 the optimizer returned is the torch optimizer itself (the one the script
     passed, if it passed one), as in DeepSpeed; otherwise it is the engine's wrapper.
 
-    ``defaults`` fills keys the config leaves out, nested ones included (the ``deepspeed`` package passes
-    those where the DeepSpeed release it maps differs from ds's own defaults).
+    ``defaults`` fills keys the config leaves out, nested ones included: a mapping of them, or a function
+    from the raw config dict to the one to load (the ``deepspeed`` package passes one that applies the
+    defaults of the DeepSpeed release it maps where they differ from ds's own, some of them by ZeRO stage).
     """
     ds_launch.install_excepthook()  # an uncaught ConfigError: its message once, no traceback
     if model is None:
@@ -71,7 +72,7 @@ def initialize(
     source = resolve_config_source(args, config, config_params)
     if defaults:
         raw, _ = read_source(source)
-        source = _under(raw, defaults)
+        source = defaults(raw) if callable(defaults) else _under(raw, defaults)
     _setup_logging()
     if dist_init_required is False and not dist.is_initialized():
         raise InitializeError(

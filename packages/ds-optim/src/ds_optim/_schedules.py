@@ -99,9 +99,15 @@ class _Schedule:
         return list(self._last_lr)
 
     def _apply(self) -> None:
-        self._last_lr = self.get_lr()
-        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
-            group["lr"] = lr
+        """Write ``get_lr()`` into the groups. A tensor ``lr`` (torch's optimizers accept one) stays that
+        tensor, filled in place, as DeepSpeed does; ``get_last_lr()`` then holds the groups' tensors."""
+        groups = self.optimizer.param_groups
+        for group, lr in zip(groups, self.get_lr()):
+            if torch.is_tensor(group["lr"]):
+                group["lr"].fill_(lr.squeeze() if torch.is_tensor(lr) else lr)
+            else:
+                group["lr"] = lr
+        self._last_lr = [group["lr"] for group in groups]
 
     def step(self, last_batch_iteration: int | None = None) -> None:
         """Advance one iteration (or jump to ``last_batch_iteration``) and write the new lr.
@@ -117,9 +123,9 @@ class _Schedule:
         """``{'last_batch_iteration': i}`` (plain numbers, JSON-safe)."""
         return {"last_batch_iteration": self.last_batch_iteration}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the iteration and write its lr into the optimizer."""
-        self.last_batch_iteration = int(state["last_batch_iteration"])
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        """Restore the iteration and write its lr into the optimizer (``sd``: DeepSpeed's parameter name)."""
+        self.last_batch_iteration = int(sd["last_batch_iteration"])
         self._apply()
 
 
@@ -215,10 +221,15 @@ class WarmupCosineLR(_Schedule):
                 f"total_num_steps {total_num_steps} is less than warmup_num_steps {warmup_num_steps}",
                 stacklevel=2,
             )
-        self.org_lrs = [float(g["lr"]) for g in self.optimizer.param_groups]
+        # a tensor lr stays a tensor (a copy: the group's own is overwritten at every step)
+        self.org_lrs = [
+            g["lr"].clone() if torch.is_tensor(g["lr"]) else float(g["lr"])
+            for g in self.optimizer.param_groups
+        ]
         self._apply()
 
-    def _ratio(self) -> float:
+    def get_lr_ratio(self) -> float:
+        """The factor applied to every group's original lr at the current iteration."""
         it = self.last_batch_iteration
         if it < self.warmup_num_steps:
             gamma = _warmup_gamma(it, self.warmup_num_steps, self.warmup_type)
@@ -230,16 +241,22 @@ class WarmupCosineLR(_Schedule):
         return max(0.0, self.cos_min_ratio + (1.0 - self.cos_min_ratio) * cosine)
 
     def get_lr(self) -> list[float]:
-        ratio = self._ratio()
+        ratio = self.get_lr_ratio()
         return [lr * ratio for lr in self.org_lrs]
 
     def state_dict(self) -> dict[str, Any]:
-        return {"last_batch_iteration": self.last_batch_iteration, "org_lrs": list(self.org_lrs)}
+        return {
+            "last_batch_iteration": self.last_batch_iteration,
+            "org_lrs": [float(v) for v in self.org_lrs],
+        }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "org_lrs" in state:  # DeepSpeed's own state holds only the iteration
-            self.org_lrs = [float(v) for v in state["org_lrs"]]
-        super().load_state_dict(state)
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if "org_lrs" in sd:  # DeepSpeed's own state holds only the iteration
+            self.org_lrs = [
+                torch.full_like(old, float(v)) if torch.is_tensor(old) else float(v)
+                for old, v in zip(self.org_lrs, sd["org_lrs"], strict=True)
+            ]
+        super().load_state_dict(sd)
 
 
 class OneCycle(_Schedule):
@@ -338,6 +355,10 @@ class OneCycle(_Schedule):
             for group, betas in zip(self.optimizer.param_groups, self.get_mom()):
                 group["betas"] = betas
 
+    def step(self, batch_iteration: int | None = None) -> None:
+        """Advance one iteration (or jump to ``batch_iteration``: DeepSpeed's parameter name here)."""
+        super().step(batch_iteration)
+
 
 class LRRangeTest(_Schedule):
     """LR range test: lr = min_lr * (1 + rate * f), f = (it+1)/step_size, floored when ``staircase``."""
@@ -363,3 +384,7 @@ class LRRangeTest(_Schedule):
         if self.staircase:
             interval = math.floor(interval)
         return [lo * (1.0 + self.step_rate * interval) for lo in self.min_lrs]
+
+    def step(self, batch_iteration: int | None = None) -> None:
+        """Advance one iteration (or jump to ``batch_iteration``: DeepSpeed's parameter name here)."""
+        super().step(batch_iteration)

@@ -7,6 +7,9 @@
   when its gradient has been accumulated: every op that used it has run its backward by then.
   Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
 * the end of each backward releases whatever is left (parameters that got no gradient).
+* a parameter a module's forward returns (DeepSpeed's "dangling" external parameter: the caller uses
+  it, not the module that owns it) stays gathered until the whole model's forward ends, and is gathered
+  again when the backward starts, as DeepSpeed 0.19.8 does by registering it on the calling module.
 
 Every fetch and release goes through ``FetchSchedule`` (``_fetch``), which may gather the next
 modules' parameters early and keep a released one whole when it is used again soon.
@@ -58,6 +61,7 @@ class GatherHooks:
         self.schedule = schedule
         self.on_grad = on_grad
         self._handles: list[Any] = []
+        self._returned: list[ParamSlot] = []  # parameters some module's forward returned (see the docstring)
         for m in module.modules():
             # its own parameters, and those it uses but another module registers (register_external_parameter)
             slots = params.slots_of([*m._parameters.values(), *getattr(m, "_ds_external_params", ())])
@@ -67,6 +71,7 @@ class GatherHooks:
         for s in params.slots.values():
             if s.param.requires_grad:
                 self._handles.append(weak_post_accumulate_grad_hook(s.param, self._grad_ready))
+        self._handles.append(module.register_forward_hook(self._model_post_forward))
 
     def _pre_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any) -> None:
         for s in slots:
@@ -76,11 +81,34 @@ class GatherHooks:
     def _post_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any, output: Any) -> None:
         for s in slots:
             s.fwd_users -= 1
+        outputs = _tensors(output)
+        self._hold_returned(outputs)
         if torch.is_grad_enabled():
-            for t in _tensors(output):
-                if t.requires_grad:
+            for t in outputs:
+                if t.requires_grad and not isinstance(t, nn.Parameter):
                     t.register_hook(partial(self._pre_backward, slots))
         self.schedule.release(slots)
+
+    def _hold_returned(self, outputs: list[torch.Tensor]) -> None:
+        """Keep each managed parameter among a module's outputs gathered until the model's forward ends."""
+        for t in outputs:
+            slot = self.params.slots.get(id(t)) if isinstance(t, nn.Parameter) else None
+            if slot is not None and not any(slot is s for s in self._returned):
+                slot.fwd_users += 1
+                self._returned.append(slot)
+
+    def _model_post_forward(self, module: nn.Module, inputs: Any, output: Any) -> None:
+        """The whole forward is over: release the returned parameters, and have the backward gather them."""
+        returned, self._returned = self._returned, []
+        if not returned:
+            return
+        for s in returned:
+            s.fwd_users -= 1
+        if torch.is_grad_enabled():
+            for t in _tensors(output):
+                if t.requires_grad and not isinstance(t, nn.Parameter):
+                    t.register_hook(partial(self._pre_backward, returned))
+        self.schedule.release(returned)
 
     def _pre_backward(self, slots: list[ParamSlot], grad: torch.Tensor) -> None:
         for s in slots:
@@ -102,6 +130,7 @@ class GatherHooks:
         early, inside a module's forward, so that module's forward hook never runs.
         """
         self.schedule.end_micro_step()
+        self._returned = []
         for s in self.params.slots.values():
             s.bwd_hold, s.fwd_users = False, 0
         self.params.release(self.params.slots.values())
