@@ -1,7 +1,7 @@
 """DeepSpeed's ``deepspeed.runtime.zero.offload_config``: the offload sections' models, over ds_config.
 
 The models are ds_config's ``OffloadOptimizerConfig`` / ``OffloadParamConfig`` (see
-``deepspeed.runtime._views``); ``nvme`` is a device ds_config refuses (ZeRO-Infinity is not in ds).
+``deepspeed.runtime._views``); ``nvme`` is accepted for ``offload_optimizer`` at stage 3 (ds_zero's own swap files) and refused for ``offload_param``.
 """
 
 from __future__ import annotations
