@@ -80,6 +80,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             param_names or {id(p): n for n, p in module.named_parameters()},
             process_group=process_group,
             persistence_threshold=options.param_persistence_threshold,
+            model_persistence_threshold=options.model_persistence_threshold,
             partition_device=cpu if options.offload_param else None,
         )
         master_device = cpu if options.offload_optimizer else None
