@@ -18,7 +18,7 @@ from .._step import LossScaledStep, partition_norm_sq
 from ._fetch import FetchSchedule
 from ._grad_parts import GradPartitions
 from ._grads import Stage3Reducer
-from ._heap import release_freed_heap
+from ._heap import release_freed_heap, step_threshold
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
@@ -173,7 +173,9 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
         self._masters_to_parts()
         self._end_step()
-        release_freed_heap()  # the step's gathers, gradients, buckets and temporaries (see _heap)
+        release_freed_heap(
+            step_threshold()
+        )  # the step's gathers, gradients, buckets, temporaries (see _heap)
         return True
 
     def _masters_to_parts(self) -> None:
