@@ -115,7 +115,13 @@ def parity(rank: int, world: int) -> dict:
 
 
 def partitioning(
-    rank: int, world: int, threshold: int = 0, bucket: int = 40, overlap: bool = False, **more: int
+    rank: int,
+    world: int,
+    threshold: int = 0,
+    bucket: int = 40,
+    overlap: bool = False,
+    keep_bytes: int | None = None,
+    **more: int,
 ) -> dict:
     """What a rank holds after a step, and how many collectives gathering and reduction took.
 
@@ -129,11 +135,17 @@ def partitioning(
         overlap_comm=overlap,
         **more,
     )
+    from ds_zero.stage3 import _grads
+
     model, zero = build(options)
     total = sum(s.numel for s in zero.params.slots.values())
+    kept, _grads.KEEP_BYTES = _grads.KEEP_BYTES, _grads.KEEP_BYTES if keep_bytes is None else keep_bytes
     train(model, zero, rank, world, 1, 1)
     gathers, reduces = zero.params.gathered_numel, zero.grads.reduce_calls
+    allocations = zero.grads.buffers_allocated
     train(model, zero, rank, world, 1, 1)
+    allocations = zero.grads.buffers_allocated - allocations
+    _grads.KEEP_BYTES = kept
     state = zero.sub_groups.state_of(zero.optimizer, 0)
     gathered_per_step, reduces_per_step = (
         zero.params.gathered_numel - gathers,
@@ -155,6 +167,8 @@ def partitioning(
         "state_numel": {k: v.numel() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 1},
         "gathered_numel_per_step": gathered_per_step,
         "reduces_per_step": reduces_per_step,
+        "bucket_buffers_allocated_per_step": allocations,
+        "buckets": len(zero.grads._buckets),
         "peak_inflight": zero.grads.peak_inflight,
         "peak_live_numel": zero.params.peak_live_numel,
         "largest_module_numel": max(
@@ -453,6 +467,7 @@ def world_main(rank: int, world: int) -> dict:
         "coalescing": coalescing(rank, world),
         "big_bucket": partitioning(rank, world, bucket=10_000),
         "overlap": partitioning(rank, world, overlap=True),
+        "no_keep": partitioning(rank, world, keep_bytes=0),
         "bf16": mixed_precision(rank, world),
         "gathered": gathered_modify(rank, world),
         "construct": construct_partitioned(rank, world),

@@ -117,6 +117,16 @@ def test_reduce_bucket_size_sets_the_number_of_reductions(world):
         assert small > big  # several buckets: several reductions per owner
 
 
+def test_small_bucket_buffers_are_reused_not_allocated_each_backward(world):
+    _, results = world
+    for r in results:
+        assert r["partition"]["bucket_buffers_allocated_per_step"] == 0, "kept from the first step"
+        assert r["overlap"]["bucket_buffers_allocated_per_step"] == 0
+        # kept only within KEEP_BYTES: with 0, every bucket of every backward allocates its buffer
+        no_keep = r["no_keep"]
+        assert no_keep["bucket_buffers_allocated_per_step"] == no_keep["buckets"] > 1
+
+
 def test_overlap_comm_keeps_two_reductions_in_flight(world):
     _, results = world
     for r in results:
