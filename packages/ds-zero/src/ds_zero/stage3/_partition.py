@@ -13,9 +13,9 @@ backward, so every weight the forward used stayed whole through the forward (the
 it, and backward's re-gather refills it.
 
 A gather is coalesced: the parameters a fetch, a prefetch or the refresh after a step makes whole travel in
-one batch: one collective on a host transport (MPI, shared memory), one broadcast per owner of each run of
-flat-contiguous parameters on torch.distributed (``_launch_gather``), instead of one collective per
-parameter and owner.
+one batch: one collective over shared memory (packed into its rounds), one job of the MPI transport's
+thread (still one ``Bcast`` per piece), one broadcast per owner of each run of flat-contiguous parameters on
+torch.distributed (``_launch_gather``), instead of one collective per parameter and owner.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class PartitionedParams:
         value from the partitions ``sources[group]``; returns the works to wait for.
 
         The local pieces are copied; the rest travels in one batch. A host transport (``_transport``) takes
-        every owner's piece of every slot in one collective (it packs them into rounds itself). Else the
+        every owner's piece of every slot in one call (shared memory packs them into rounds). Else the
         slots are cut into runs that are contiguous in the flat space, and each run is one flat buffer
         filled by one broadcast per owner of a piece of it (``_comm``: the all-gather gloo does fastest),
         then copied into the outs; a run of one slot is broadcast straight into its out.
