@@ -5,7 +5,9 @@
 The model is tools/bench_frameworks.py's Trainer model (transformers' GPT2LMHeadModel, width 256, 4 layers,
 vocabulary 128, 16 tokens, micro batch 2: many small tensors), 2 gloo ranks on this host, fp32, AdamW from
 the config, clipping 1.0, DeepSpeed's default stage-3 keys. One engine per stage, stepped alternately (the
-machine's load drift hits both alike). Per stage, rank 0 prints the median step time, the collectives per
+machine's load drift hits both alike). Per stage, rank 0 prints the median step time and the median CPU time
+its process spent in a step (all its threads: on a loaded machine, where wall time is mostly waiting for a
+core, it still tells how much work a step is), the collectives per
 step that the host transport (shared memory) ran and, at stage 3, the parameter-gather collectives and
 gathered elements per step; with ``--profile N`` also cProfile's top functions over N more steps of
 stage 3 (by own time). Needs transformers (the dev environment has it).
@@ -54,6 +56,7 @@ def work(rank: int, port: int, opts: argparse.Namespace) -> None:
     engines = {stage: engine(stage) for stage in (2, 3)}
     host = engines[3].optimizer.host_transport  # one per process group: both engines use it
     times: dict[int, list[float]] = {2: [], 3: []}
+    cpu: dict[int, list[float]] = {2: [], 3: []}  # this process's CPU time (all its threads) per step
     calls = {2: 0, 3: 0}
     params = engines[3].optimizer.params
     gathers = numel = 0
@@ -68,14 +71,15 @@ def work(rank: int, port: int, opts: argparse.Namespace) -> None:
             before = (host.calls if host else 0, params.gather_calls, params.gathered_numel)
             if profiling:
                 profile.enable()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             e.backward(e(input_ids=ids, labels=ids).loss)
             e.step()
-            elapsed = time.perf_counter() - start
+            elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
             if profiling:
                 profile.disable()
             if timed:  # every collective of the step has completed: the step waits for them
                 times[stage].append(elapsed)
+                cpu[stage].append(elapsed_cpu)
                 calls[stage] += (host.calls if host else 0) - before[0]
                 if stage == 3:
                     gathers += params.gather_calls - before[1]
@@ -85,6 +89,7 @@ def work(rank: int, port: int, opts: argparse.Namespace) -> None:
             row = {
                 "stage": stage,
                 "median_step_ms": round(statistics.median(times[stage]) * 1e3, 2),
+                "median_step_cpu_ms": round(statistics.median(cpu[stage]) * 1e3, 2),
                 "host_collectives_per_step": calls[stage] / opts.steps,
                 "transport": host.kind if host else "torch.distributed",
             }
