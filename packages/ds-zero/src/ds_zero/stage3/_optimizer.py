@@ -173,9 +173,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
         self._masters_to_parts()
         self._end_step()
-        release_freed_heap(
-            step_threshold()
-        )  # the step's gathers, gradients, buckets, temporaries (see _heap)
+        # the step's gathers, gradients, buckets and temporaries, when that is much (see _heap)
+        release_freed_heap(step_threshold())
         return True
 
     def _masters_to_parts(self) -> None:
