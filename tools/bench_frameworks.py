@@ -13,7 +13,10 @@ them alike:
   have the ``deepspeed`` distribution installed, which the frameworks look up by its metadata);
 - **DeepSpeed**: ``--deepspeed-python``, an environment with the real deepspeed 0.19.8,
   ``DS_ACCELERATOR=cpu``, nothing of ds on the path;
-- **DDP**: the framework's own DDP (the script's ``--ddp``: no engine) in the DeepSpeed environment.
+- **DDP**: the framework's own DDP (the script's ``--ddp``: no engine) in the DeepSpeed environment;
+- **ds-baseline** (with ``--ds-baseline ROOT``): ds from another checkout ``ROOT`` (e.g. ``git worktree add
+  ROOT <commit>``), in ``--ds-python``: a before/after of a change to ds, interleaved with the rest, and
+  reported in a second table.
 
 Trainer and Accelerate run under torchrun, Lightning under its own launcher. A step's time is rank 0's
 wall time of one training step (forward, backward, optimizer or engine step; how each script takes it is in
@@ -58,8 +61,8 @@ SETUPS = ("ddp", "deepspeed", "ds")
 Key = tuple[str, str, int | None]  # (framework, setup, ZeRO stage; None for DDP)
 
 
-def ds_path() -> str:
-    return os.pathsep.join(str(p) for p in sorted((ROOT / "packages").glob("*/src")))
+def ds_path(root: Path = ROOT) -> str:
+    return os.pathsep.join(str(p) for p in sorted((root / "packages").glob("*/src")))
 
 
 def free_port() -> int:
@@ -125,12 +128,13 @@ def max_rel_diff(ours: list[float], theirs: list[float], steps: int) -> float:
     return max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(ours[:steps], theirs[:steps]))
 
 
-def launch(fw: Framework, python: str, args: list[str], ds: bool) -> tuple[list[float], list[float]]:
+def launch(fw: Framework, python: str, args: list[str], ds: Path | None) -> tuple[list[float], list[float]]:
+    """Run one setup; ``ds``: the checkout whose packages go first on the path (None: nothing of ds)."""
     env = dict(
         os.environ,
         PYTHONWARNINGS="ignore",
         DS_ACCELERATOR="cpu",
-        PYTHONPATH=ds_path() if ds else "",
+        PYTHONPATH=ds_path(ds) if ds is not None else "",
         OMP_NUM_THREADS="1",
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -241,6 +245,7 @@ def main() -> None:
     p.add_argument("--check-steps", type=int, default=5, help="losses compared over this many first steps")
     p.add_argument("--loss-tol", type=float, default=1e-3, help="relative tolerance of the loss comparison")
     p.add_argument("--json", default=None, help="also write every measurement here")
+    p.add_argument("--ds-baseline", default=None, help="a second ds checkout, measured beside this one")
     opts = p.parse_args()
     if opts.steps <= opts.warmup:
         raise SystemExit("--steps must exceed --warmup")
@@ -253,10 +258,12 @@ def main() -> None:
             setups: list[tuple[str, int | None]] = [("ddp", None)]
             for stage in opts.stages:
                 setups += [("deepspeed", stage), ("ds", stage)]
+                setups += [("ds-baseline", stage)] if opts.ds_baseline else []
             for setup, stage in setups:
-                python = opts.ds_python if setup == "ds" else opts.deepspeed_python
+                root = {"ds": ROOT, "ds-baseline": Path(opts.ds_baseline or ".")}.get(setup)
+                python = opts.ds_python if root is not None else opts.deepspeed_python
                 args = script_args(setup, stage, opts.steps, *size[name])
-                seconds, step_losses = launch(fw, python, args, ds=setup == "ds")
+                seconds, step_losses = launch(fw, python, args, ds=root)
                 key = (name, setup, stage)
                 times.setdefault(key, []).append(step_time(seconds, opts.warmup))
                 losses.setdefault(key, step_losses)
@@ -282,6 +289,23 @@ def main() -> None:
             opts.loss_tol,
         )
     )
+    if opts.ds_baseline:
+        print(
+            f"\nds against ds at {opts.ds_baseline} (ms/step; loss: max relative difference, first "
+            f"{opts.check_steps} steps)\n"
+        )
+        print(
+            "| Framework | ZeRO stage | ds baseline | ds | ds / baseline | loss ds vs baseline |\n|---|---|---|---|---|---|"
+        )
+        for name in opts.frameworks:
+            for stage in opts.stages:
+                a, b = best[(name, "ds-baseline", stage)], best[(name, "ds", stage)]
+                d = max_rel_diff(
+                    losses[(name, "ds", stage)], losses[(name, "ds-baseline", stage)], opts.check_steps
+                )
+                print(
+                    f"| {FRAMEWORKS[name].title} | {stage} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.2f} | {d:.1e} |"
+                )
     if opts.json:
         record = {
             "options": vars(opts),

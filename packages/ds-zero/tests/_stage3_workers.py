@@ -114,7 +114,15 @@ def parity(rank: int, world: int) -> dict:
     return out
 
 
-def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40, overlap: bool = False) -> dict:
+def partitioning(
+    rank: int,
+    world: int,
+    threshold: int = 0,
+    bucket: int = 40,
+    overlap: bool = False,
+    keep_bytes: int | None = None,
+    **more: int,
+) -> dict:
     """What a rank holds after a step, and how many collectives gathering and reduction took.
 
     Prefetch and reuse are off: each module's parameters are gathered when it runs, released after.
@@ -125,12 +133,19 @@ def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40, ov
         prefetch_bucket_size=0,
         max_reuse_distance=0,
         overlap_comm=overlap,
+        **more,
     )
+    from ds_zero.stage3 import _grads
+
     model, zero = build(options)
     total = sum(s.numel for s in zero.params.slots.values())
+    kept, _grads.KEEP_BYTES = _grads.KEEP_BYTES, _grads.KEEP_BYTES if keep_bytes is None else keep_bytes
     train(model, zero, rank, world, 1, 1)
     gathers, reduces = zero.params.gathered_numel, zero.grads.reduce_calls
+    allocations = zero.grads.buffers_allocated
     train(model, zero, rank, world, 1, 1)
+    allocations = zero.grads.buffers_allocated - allocations
+    _grads.KEEP_BYTES = kept
     state = zero.sub_groups.state_of(zero.optimizer, 0)
     gathered_per_step, reduces_per_step = (
         zero.params.gathered_numel - gathers,
@@ -152,6 +167,8 @@ def partitioning(rank: int, world: int, threshold: int = 0, bucket: int = 40, ov
         "state_numel": {k: v.numel() for k, v in state.items() if torch.is_tensor(v) and v.dim() == 1},
         "gathered_numel_per_step": gathered_per_step,
         "reduces_per_step": reduces_per_step,
+        "bucket_buffers_allocated_per_step": allocations,
+        "buckets": len(zero.grads._buckets),
         "peak_inflight": zero.grads.peak_inflight,
         "peak_live_numel": zero.params.peak_live_numel,
         "largest_module_numel": max(
@@ -357,6 +374,62 @@ def fetch_schedule(rank: int, world: int) -> dict:
     return out
 
 
+FORWARD_MODULES = ("emb", "l1", "l2", "norm", "head")  # the modules with parameters that Net's forward runs
+
+
+def coalescing(rank: int, world: int) -> dict:
+    """Collectives one forward issues to gather parameters (the step after the one that recorded the trace),
+    counted where they run: the shared-memory transport's calls, and torch.distributed's ``c10d`` calls and
+    bytes on a group the transport does not carry; with prefetch and reuse off, and with prefetch on."""
+    import os
+
+    import torch.distributed as dist
+    from _effects import Collectives
+    from ds_zero._transport import ENV
+
+    out: dict = {}
+    x, y = batch(1, world)
+    mine = slice(rank * MB, (rank + 1) * MB)
+    for name, kw in (("off", {"prefetch_bucket_size": 0, "max_reuse_distance": 0}), ("prefetch", {})):
+        model, zero = build(Stage3Options(param_persistence_threshold=0, **kw))
+        train(model, zero, rank, world, 1, 1)
+        host = zero.host_transport
+        calls, gathers = (host.calls if host else 0), zero.params.gather_calls
+        loss = loss_of(model, x[mine], y[mine])
+        out[name] = {
+            "transport": (host.calls if host else 0) - calls,
+            "gather_calls": zero.params.gather_calls - gathers,
+        }
+        zero.backward(loss)
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "torch"
+    try:
+        group = dist.new_group(list(range(world)), backend="gloo")
+        torch.manual_seed(0)
+        model = Net()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        options = Stage3Options(param_persistence_threshold=0, prefetch_bucket_size=0, max_reuse_distance=0)
+        zero = ZeroStage3Optimizer(model, opt, options, process_group=group)
+    finally:
+        os.environ.pop(ENV) if before is None else os.environ.__setitem__(ENV, before)
+    train(model, zero, rank, world, 1, 1)
+    with Collectives() as seen:
+        loss = loss_of(model, x[mine], y[mine])
+    zero.backward(loss)
+    layout = zero.params.layouts[0]
+    runs = [zero.params.slots_of(getattr(model, m)._parameters.values()) for m in FORWARD_MODULES]
+    out["torch"] = {
+        "calls": seen.calls,
+        "bytes": seen.bytes,
+        "module_numel": sum(s.numel for slots in runs for s in slots),
+        "owners_per_module": sum(len(layout.owners(slots[0].start, slots[-1].end)) for slots in runs),
+        "owners_per_parameter": sum(len(layout.owners(s.start, s.end)) for slots in runs for s in slots),
+    }
+    zero.remove_hooks()
+    dist.destroy_process_group(group)
+    return out
+
+
 def saved_weights(rank: int, world: int) -> dict:
     """After a forward, what autograd saved of the weights: ``nn.Linear`` saves ``weight.t()``, a view of
     the gathered tensor; its storage must be freed with the release, not kept whole until backward."""
@@ -390,8 +463,11 @@ def world_main(rank: int, world: int) -> dict:
         "parity": parity(rank, world),
         "partition": partitioning(rank, world),
         "persist": partitioning(rank, world, threshold=50),
+        "persist_capped": partitioning(rank, world, threshold=50, model_persistence_threshold=40),
+        "coalescing": coalescing(rank, world),
         "big_bucket": partitioning(rank, world, bucket=10_000),
         "overlap": partitioning(rank, world, overlap=True),
+        "no_keep": partitioning(rank, world, keep_bytes=0),
         "bf16": mixed_precision(rank, world),
         "gathered": gathered_modify(rank, world),
         "construct": construct_partitioned(rank, world),

@@ -78,6 +78,35 @@ def test_persistence_threshold_keeps_small_parameters_whole(world):
             assert persist["gathered_numel_per_step"] < plain["gathered_numel_per_step"]
 
 
+def test_model_persistence_threshold_caps_the_resident_total(world):
+    """DeepSpeed's rule: in model order, a small parameter stays whole while the total stays within the cap."""
+    _, results = world
+    for r in results:
+        # l1.bias 16, l2.bias 8, norm.weight 8, norm.bias 8 make 40; unused.weight (9) would pass it, and so
+        # would unused.bias (3) after it: partitioned like the large ones
+        assert r["persist_capped"]["whole_after_step"] == {
+            "l1.bias": 16, "l2.bias": 8, "norm.weight": 8, "norm.bias": 8
+        }  # fmt: skip
+
+
+def test_a_module_fetch_is_one_collective(world):
+    """Coalescing: a module's parameters travel together, not one collective per parameter and owner."""
+    n, results = world
+    if n == 1:
+        pytest.skip("one rank gathers nothing")
+    for r in results:
+        c = r["coalescing"]
+        # shared memory (the transport of a one-host gloo job): one collective per module forward
+        assert c["off"]["transport"] == c["off"]["gather_calls"] == len(w.FORWARD_MODULES)
+        # prefetch: the embedding's own fetch, then one prefetch of every module after it
+        assert c["prefetch"]["transport"] == c["prefetch"]["gather_calls"] == 2
+        # torch.distributed: one broadcast per owner of each module's flat run, each element sent once
+        t = c["torch"]
+        assert t["calls"] == {"c10d.broadcast_": t["owners_per_module"]}
+        assert t["owners_per_module"] < t["owners_per_parameter"]
+        assert t["bytes"] == 4 * t["module_numel"]
+
+
 def test_reduce_bucket_size_sets_the_number_of_reductions(world):
     n, results = world
     if n == 1:
@@ -86,6 +115,16 @@ def test_reduce_bucket_size_sets_the_number_of_reductions(world):
         small, big = r["partition"]["reduces_per_step"], r["big_bucket"]["reduces_per_step"]
         assert big <= n  # one bucket: one reduce per owner
         assert small > big  # several buckets: several reductions per owner
+
+
+def test_small_bucket_buffers_are_reused_not_allocated_each_backward(world):
+    _, results = world
+    for r in results:
+        assert r["partition"]["bucket_buffers_allocated_per_step"] == 0, "kept from the first step"
+        assert r["overlap"]["bucket_buffers_allocated_per_step"] == 0
+        # kept only within KEEP_BYTES: with 0, every bucket of every backward allocates its buffer
+        no_keep = r["no_keep"]
+        assert no_keep["bucket_buffers_allocated_per_step"] == no_keep["buckets"] > 1
 
 
 def test_overlap_comm_keeps_two_reductions_in_flight(world):
@@ -205,6 +244,7 @@ def test_options_from_config_read_the_keys():
         _config(
             {
                 "stage3_param_persistence_threshold": 7,
+                "stage3_model_persistence_threshold": 70,
                 "reduce_bucket_size": 99,
                 "overlap_comm": True,
                 "stage3_gather_fp16_weights_on_model_save": True,
@@ -222,6 +262,7 @@ def test_options_from_config_read_the_keys():
         )
     )
     assert (opts.param_persistence_threshold, opts.reduce_bucket_size, opts.overlap_comm) == (7, 99, True)
+    assert opts.model_persistence_threshold == 70
     assert opts.gather_16bit_weights_on_model_save and opts.offload_param and not opts.offload_optimizer
     assert (opts.prefetch_bucket_size, opts.max_live_parameters, opts.max_reuse_distance) == (11, 12, 13)
     assert opts.sub_group_size == 14

@@ -43,6 +43,15 @@ def test_release_freed_heap_returns_it_to_the_os(monkeypatch):
     assert before - _rss_mb() > 60, "malloc_trim(0) hands the freed heap back"
     del pin
 
+    # a threshold above what is free: nothing is handed back; below it: trimmed
+    _, pin = _retained_heap_mb()
+    before = _rss_mb()
+    assert not _heap.release_freed_heap(at_least=200 << 20)
+    assert before - _rss_mb() < 40, "less free than at_least: the heap is kept"
+    assert _heap.release_freed_heap(at_least=20 << 20)
+    assert before - _rss_mb() > 60
+    del pin
+
     monkeypatch.setenv("DS_ZERO_MALLOC_TRIM", "0")
     _, pin = _retained_heap_mb()
     before = _rss_mb()
@@ -50,7 +59,9 @@ def test_release_freed_heap_returns_it_to_the_os(monkeypatch):
     assert before - _rss_mb() < 40, "DS_ZERO_MALLOC_TRIM=0 leaves the heap alone"
 
 
-def test_the_optimizer_trims_after_wrapping_and_after_each_step():
+def test_the_optimizer_trims_after_wrapping_and_after_steps_that_free_enough(monkeypatch):
+    """After wrapping always; after a step when more than DS_ZERO_MALLOC_TRIM_MIN_MIB is free (the small
+    Net's steps free far less than the default 64 MiB)."""
     import torch.distributed as dist
     from rank_testing import free_port
 
@@ -63,6 +74,9 @@ def test_the_optimizer_trims_after_wrapping_and_after_each_step():
         zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters()), Stage3Options())
         assert _heap.trims == before + 1
         w.train(model, zero, 0, 1, 2, 1)
+        assert _heap.trims == before + 1
+        monkeypatch.setenv("DS_ZERO_MALLOC_TRIM_MIN_MIB", "0")
+        w.train(model, zero, 0, 1, 2, 1, first=2)
         assert _heap.trims == before + 3
     finally:  # later test files make their own group
         dist.destroy_process_group()

@@ -8,6 +8,7 @@ themselves check types and bounds only (plus the two deprecated spellings they n
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -375,12 +376,26 @@ class ZeroConfig(_Section):
     stage3_prefetch_bucket_size: JsonInt = Field(
         50_000_000,
         ge=0,
-        description="Stage 3: elements of upcoming modules' parameters gathered ahead of use.",
+        description=(
+            "Stage 3: after each module's fetch, up to this many elements of the next modules' parameters "
+            "(in the order the first step recorded) are gathered ahead of use, in one collective; 0: no prefetch."
+        ),
     )
     stage3_param_persistence_threshold: JsonInt = Field(
         100_000,
         ge=0,
-        description="Stage 3: parameters with at most this many elements stay whole on every rank.",
+        description=(
+            "Stage 3: parameters with at most this many elements stay whole (resident) on every rank for the "
+            "whole run: never gathered in forward or backward, refreshed in one collective after each step."
+        ),
+    )
+    stage3_model_persistence_threshold: JsonInt = Field(
+        sys.maxsize,
+        ge=0,
+        description=(
+            "Stage 3: at most this many elements in all stay resident; in model order, a parameter under "
+            "stage3_param_persistence_threshold that would pass this total is partitioned instead."
+        ),
     )
     stage3_max_live_parameters: JsonInt = Field(
         1_000_000_000, ge=0, description="Stage 3: at most this many gathered parameter elements stay alive."

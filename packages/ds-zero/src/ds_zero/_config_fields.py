@@ -26,6 +26,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "bf16.grad_accum_dtype",
     # stage 3 (ds_zero/stage3/_options.py; its CONFIG_FIELDS_STAGE3 lists everything it reads)
     "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_model_persistence_threshold",
     "zero_optimization.stage3_gather_16bit_weights_on_model_save",
     "zero_optimization.stage3_gather_fp16_weights_on_model_save",
     "zero_optimization.offload_param.device",

@@ -38,6 +38,7 @@ class FetchSchedule:
         self._recording: list[list[ParamSlot]] | None = []  # None: not recording (following or diverged)
         self._trace: list[list[ParamSlot]] | None = None
         self._cursor = 0  # index in the trace of the next expected fetch
+        self._ahead = 0  # trace events before this one hold nothing left to prefetch (each fetch scans on)
         self._cum: list[int] = []  # elements fetched before trace event i
         self._uses: dict[int, list[int]] = {}  # id(slot) -> trace events that fetch it
         self._kept: dict[int, ParamSlot] = {}  # released by their users but kept whole for reuse
@@ -58,6 +59,7 @@ class FetchSchedule:
             # the module order changed (an eval forward, data-dependent control flow): stop following,
             # drop what was kept on the trace's word, record the next micro-step
             self._trace = None
+            self._ahead = 0
             kept, self._kept = list(self._kept.values()), {}
             self.params.release(kept)
             return
@@ -73,7 +75,7 @@ class FetchSchedule:
                 self._kept[id(s)] = s
             else:
                 free.append(s)
-        self.params.release(free)
+        self._released(free)
 
     def release_all(self) -> None:
         """Release every whole parameter no module is using, those kept for reuse included."""
@@ -87,7 +89,7 @@ class FetchSchedule:
             self._recording = None
         elif self._trace is None:
             self._recording = []
-        self._cursor = 0
+        self._cursor = self._ahead = 0
         self._kept.clear()  # the caller releases every parameter now
 
     # ------------------------------------------------------------------ the trace
@@ -97,6 +99,18 @@ class FetchSchedule:
             self._cum.append(self._cum[-1] + sum(s.numel for s in event))
             for s in event:
                 self._uses.setdefault(id(s), []).append(i)
+
+    def _released(self, slots: list[ParamSlot]) -> None:
+        """Release ``slots``; a later prefetch scan looks again from the next event that fetches one."""
+        self.params.release(slots)
+        if self._trace is None or self._recording is not None:
+            return
+        for s in slots:
+            if not s.gathered:
+                uses = self._uses.get(id(s), [])
+                j = bisect.bisect_left(uses, self._cursor)
+                if j < len(uses):
+                    self._ahead = min(self._ahead, uses[j])
 
     def _reuse_distance(self, slot: ParamSlot) -> float:
         """Elements fetched from now until ``slot``'s next fetch in the trace (inf: not fetched again)."""
@@ -111,15 +125,18 @@ class FetchSchedule:
         assert self._trace is not None
         budget, todo = self.prefetch_bucket_size, []
         live = self.params.live_numel
-        for event in self._trace[self._cursor :]:
-            for s in event:
+        self._ahead = max(self._ahead, self._cursor)
+        for i in range(self._ahead, len(self._trace)):
+            for s in self._trace[i]:
                 if s.gathered or s in todo or s.persistent:
                     continue
                 if s.numel > budget or live + s.numel > self.max_live:
+                    self._ahead = i
                     return self._launch(todo)
                 budget -= s.numel
                 live += s.numel
                 todo.append(s)
+        self._ahead = len(self._trace)
         self._launch(todo)
 
     def _launch(self, todo: Sequence[ParamSlot]) -> None:
@@ -135,4 +152,4 @@ class FetchSchedule:
             if self.params.live_numel <= self.max_live:
                 break
             del self._kept[id(s)]
-            self.params.release([s])
+            self._released([s])

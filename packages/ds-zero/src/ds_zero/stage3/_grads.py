@@ -7,6 +7,11 @@ launch in that fixed order on every rank once all their gradients arrived; what 
 parameter is released right after), one ``dist.reduce`` per owner of a slice of the bucket, adding the
 owned slice into the partition gradient, and gradients that arrive for a bucket already sent (a
 parameter used in two checkpointed segments), reduced at ``flush()`` on their own, in flat order.
+
+A bucket's buffer lives from its first gradient to its reduction. One of at most ``KEEP_BYTES`` is kept
+for the next bucket (zeroed, not allocated again): a fresh one cost the page faults of its whole size every
+backward, a large part of a small model's step (the Trainer's GPT-2 of docs/benchmarks.md: one 13 MB
+bucket), while a large model's buckets (DeepSpeed's default is 500M elements) are freed as before.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from .._schedule import BucketSchedule
 from ._grad_parts import GradPartitions
 from ._partition import ParamSlot, PartitionedParams
 
-__all__ = ["Stage3Reducer"]
+__all__ = ["KEEP_BYTES", "Stage3Reducer"]
+
+KEEP_BYTES = 64 << 20  # bucket buffers up to this size in all are kept for reuse (the heap trim's bound)
 
 
 @dataclass(eq=False)
@@ -75,6 +82,8 @@ class Stage3Reducer:
         # released when it arrives), so every gradient is reduced, whichever backward produced it.
         self.schedule.arm(launch_early=True)
         self._inflight: list[_Bucket] = []
+        self._spare: list[torch.Tensor] = []  # bucket buffers kept for reuse (KEEP_BYTES in all)
+        self.buffers_allocated = 0  # bucket buffers allocated (observed by the tests)
         self._late: dict[int, tuple[ParamSlot, torch.Tensor]] = {}
 
     def grad_ready(self, param: nn.Parameter) -> None:
@@ -105,14 +114,14 @@ class Stage3Reducer:
             return
         b = self._buckets[k]
         if b.buf is None:
-            b.buf = torch.zeros(b.end - b.start, dtype=grad.dtype, device=grad.device)
+            b.buf = self._buffer(b.end - b.start, grad.dtype, grad.device)
         b.buf[slot.start - b.start : slot.end - b.start].add_(grad)
 
     def _launch(self, k: int) -> None:
         b = self._buckets[k]
         if b.buf is None:  # no parameter of the bucket got a gradient: the owners still expect a sum
             dtype = self.params.parts[b.group].dtype
-            b.buf = torch.zeros(b.end - b.start, dtype=dtype, device=self.params.compute_devices[b.group])
+            b.buf = self._buffer(b.end - b.start, dtype, self.params.compute_devices[b.group])
         self._send(b)
 
     def _send(self, b: _Bucket) -> None:
@@ -141,4 +150,20 @@ class Stage3Reducer:
                 b.group, lo - ps, hi - ps, b.buf[lo - b.start : hi - b.start], self.rule.after_factor()
             )
         self._inflight.remove(b)
+        self._keep(b.buf)
         b.buf, b.works = None, []
+
+    def _buffer(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A zeroed flat buffer: a kept one that is large enough, else a new one."""
+        for i, t in enumerate(self._spare):
+            if t.dtype == dtype and t.device == device and t.numel() >= numel:
+                return self._spare.pop(i)[:numel].zero_()
+        self.buffers_allocated += 1
+        return torch.zeros(numel, dtype=dtype, device=device)
+
+    def _keep(self, buf: torch.Tensor) -> None:
+        """Keep a reduced bucket's buffer for reuse while the kept ones stay within ``KEEP_BYTES``."""
+        whole = buf if buf._base is None else buf._base
+        kept = sum(t.numel() * t.element_size() for t in self._spare)
+        if whole.dim() == 1 and kept + whole.numel() * whole.element_size() <= KEEP_BYTES:
+            self._spare.append(whole)

@@ -11,6 +11,12 @@ lifetimes). ``malloc_trim(0)`` there hands the free pages back (``madvise``), so
 starts from the live set instead of the last step's heap. It costs the page faults of memory reused
 later; the engine's allocation pattern is unchanged. ``DS_ZERO_MALLOC_TRIM=0`` turns it off; off glibc
 it does nothing.
+
+After a step it runs only when glibc holds more than ``DS_ZERO_MALLOC_TRIM_MIN_MIB`` (default 64) MiB free
+(``mallinfo2``): below that, keeping the pages costs at most that much resident memory, while handing them
+back and faulting them in again cost a small model's step more than its forward and backward (the
+Trainer's GPT-2 of docs/benchmarks.md: its ZeRO-3 step took about twice as long trimming every step, on a
+loaded machine). A model whose step frees more is trimmed every step, as before.
 """
 
 from __future__ import annotations
@@ -20,20 +26,45 @@ import os
 
 __all__ = ["release_freed_heap"]
 
-_trim = None
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost"
+    )]  # fmt: skip
+
+
+_trim = _info = None
 try:
-    _trim = ctypes.CDLL("libc.so.6").malloc_trim
+    _libc = ctypes.CDLL("libc.so.6")
+    _trim = _libc.malloc_trim
     _trim.argtypes, _trim.restype = [ctypes.c_size_t], ctypes.c_int
+    _info = getattr(_libc, "mallinfo2", None)  # glibc 2.33+
+    if _info is not None:
+        _info.argtypes, _info.restype = [], _MallInfo2
 except (OSError, AttributeError):  # not glibc
     pass
 
 trims = 0  # calls that reached glibc (observed by the tests)
 
 
-def release_freed_heap() -> bool:
-    """``malloc_trim(0)``: give the heap glibc keeps free back to the OS. True when it ran."""
+def free_heap_bytes() -> int | None:
+    """Bytes glibc holds free in its heaps (every arena), or None where it cannot tell."""
+    return int(_info().fordblks) if _info is not None else None
+
+
+def step_threshold() -> int:
+    """The free heap, in bytes, above which the trim after a step runs (``DS_ZERO_MALLOC_TRIM_MIN_MIB``)."""
+    return int(float(os.environ.get("DS_ZERO_MALLOC_TRIM_MIN_MIB", "64")) * 2**20)
+
+
+def release_freed_heap(at_least: int = 0) -> bool:
+    """``malloc_trim(0)``: give the heap glibc keeps free back to the OS, if more than ``at_least`` bytes
+    are free (always where glibc cannot tell). True when it ran."""
     global trims
     if _trim is None or os.environ.get("DS_ZERO_MALLOC_TRIM", "1") == "0":
+        return False
+    free = free_heap_bytes() if at_least > 0 else None
+    if free is not None and free <= at_least:
         return False
     _trim(0)
     trims += 1

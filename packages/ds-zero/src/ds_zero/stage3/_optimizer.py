@@ -22,7 +22,7 @@ from .._step import LossScaledStep, partition_norm_sq
 from ._fetch import FetchSchedule
 from ._grad_parts import GradPartitions
 from ._grads import Stage3Reducer
-from ._heap import release_freed_heap
+from ._heap import release_freed_heap, step_threshold
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._partition import PartitionedParams
@@ -85,6 +85,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             param_names or {id(p): n for n, p in module.named_parameters()},
             process_group=process_group,
             persistence_threshold=options.param_persistence_threshold,
+            model_persistence_threshold=options.model_persistence_threshold,
             partition_device=cpu if options.offload_param else None,
         )
         nvme = options.optimizer_nvme
@@ -203,7 +204,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             del grads  # so that the zero_grad of _end_step frees them before the weights are gathered
             self._masters_to_parts()
         self._end_step()
-        release_freed_heap()  # the step's gathers, gradients, buckets and temporaries (see _heap)
+        # the step's gathers, gradients, buckets and temporaries, when that is much (see _heap)
+        release_freed_heap(step_threshold())
         return True
 
     def _masters_to_parts(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -19,6 +20,7 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_optimization.reduce_bucket_size",
     "zero_optimization.overlap_comm",
     "zero_optimization.stage3_param_persistence_threshold",
+    "zero_optimization.stage3_model_persistence_threshold",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_max_live_parameters",
     "zero_optimization.stage3_max_reuse_distance",
@@ -70,7 +72,8 @@ class Stage3Options:
 
     reduce_bucket_size: int = 500_000_000
     overlap_comm: bool = False
-    param_persistence_threshold: int = 100_000
+    param_persistence_threshold: int = 100_000  # parameters this small stay whole (resident) on every rank
+    model_persistence_threshold: int = sys.maxsize  # ... while the resident total stays within this
     prefetch_bucket_size: int = 50_000_000  # elements gathered ahead of use (0: no prefetch)
     max_live_parameters: int = 1_000_000_000  # bound on gathered elements alive at once
     max_reuse_distance: int = 1_000_000_000  # keep a parameter fetched again within this many elements
@@ -112,6 +115,7 @@ class Stage3Options:
             reduce_bucket_size=int(zero.reduce_bucket_size),
             overlap_comm=bool(zero.overlap_comm),
             param_persistence_threshold=int(zero.stage3_param_persistence_threshold),
+            model_persistence_threshold=int(zero.stage3_model_persistence_threshold),
             prefetch_bucket_size=int(zero.stage3_prefetch_bucket_size),
             max_live_parameters=int(zero.stage3_max_live_parameters),
             max_reuse_distance=int(zero.stage3_max_reuse_distance),

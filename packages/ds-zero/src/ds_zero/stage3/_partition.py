@@ -10,18 +10,24 @@ again by the next gather. Autograd saves views of a weight for backward (``nn.Li
 ``weight.t()``); with a fresh tensor per gather, each saved view kept its forward's copy alive until
 backward, so every weight the forward used stayed whole through the forward (the whole model, measured:
 ``tools/trace_stage3_rss.py``). A saved view of the home shares its storage, so freeing the storage frees
-it, and backward's re-gather refills it. Each parameter's piece of each owner's partition travels in one
-broadcast straight into the home.
+it, and backward's re-gather refills it.
+
+A gather is coalesced: the parameters a fetch, a prefetch or the refresh after a step makes whole travel in
+one batch: one collective over shared memory (packed into its rounds), one job of the MPI transport's
+thread (still one ``Bcast`` per piece), one broadcast per owner of each run of flat-contiguous parameters on
+torch.distributed (``_launch_gather``), instead of one collective per parameter and owner.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from .. import _transport
 from .._comm import ProcessGroup, broadcast_async, group_rank, group_size
 from .._layout import GroupLayout
 from ._construct import forget_construction, full_value, source_shape
@@ -68,6 +74,7 @@ class PartitionedParams:
         *,
         process_group: ProcessGroup | None,
         persistence_threshold: int,
+        model_persistence_threshold: int = sys.maxsize,
         partition_device: torch.device | None = None,
     ) -> None:
         self.process_group = process_group
@@ -85,8 +92,12 @@ class PartitionedParams:
         self.live_numel = 0  # elements of non-persistent parameters now held whole
         self.peak_live_numel = 0
         self._pending: dict[int, list] = {}  # id(slot) -> works of a prefetch still in flight
+        # DeepSpeed's rule: in model order, a parameter of at most ``persistence_threshold`` elements stays
+        # whole unless it would take the persistent total past ``model_persistence_threshold``
+        self._persist_budget = (persistence_threshold, model_persistence_threshold)
+        self.persistent_numel = 0
         for g, params in enumerate(groups):
-            self._partition_group(g, params, names, persistence_threshold, partition_device)
+            self._partition_group(g, params, names, partition_device)
 
     # ------------------------------------------------------------------ setup
     def _partition_group(
@@ -94,7 +105,6 @@ class PartitionedParams:
         g: int,
         params: Sequence[nn.Parameter],
         names: dict[int, str],
-        threshold: int,
         partition_device: torch.device | None,
     ) -> None:
         layout = GroupLayout.build([source_shape(p) for p in params], self.dp)
@@ -112,7 +122,7 @@ class PartitionedParams:
             if lo < hi:
                 part[lo - ps : hi - ps].copy_(full[lo - start : hi - start])
             slot = ParamSlot(p, names.get(id(p), f"group{g}.param{i}"), g, i, start, end, shape,
-                             persistent=shape.numel() <= threshold)  # fmt: skip
+                             persistent=self._persists(shape.numel()))  # fmt: skip
             self.slots[id(p)] = slot
             p.ds_stage3 = self  # lets GatheredParameters find the manager of a parameter
             if slot.persistent:
@@ -126,6 +136,13 @@ class PartitionedParams:
         self.layouts.append(layout)
         self.parts.append(part)
         self.compute_devices.append(device)
+
+    def _persists(self, numel: int) -> bool:
+        threshold, model_threshold = self._persist_budget
+        if numel > threshold or self.persistent_numel + numel > model_threshold:
+            return False
+        self.persistent_numel += numel
+        return True
 
     # ------------------------------------------------------------------ lookup
     def slot(self, p: torch.Tensor) -> ParamSlot | None:
@@ -144,23 +161,24 @@ class PartitionedParams:
 
     # ------------------------------------------------------------------ gather and release
     def gather(self, slots: Iterable[ParamSlot], *, wait: bool = True) -> None:
-        """Make every slot's parameter whole (a no-op for those already whole).
+        """Make every slot's parameter whole (a no-op for those already whole), all of them in one batch of
+        collectives (see ``_launch_gather``).
 
-        With ``wait=False`` (a prefetch) the broadcasts stay in flight: the slots count as whole, and the
+        With ``wait=False`` (a prefetch) the batch stays in flight: the slots count as whole, and the
         next ``gather`` or ``release`` of a slot waits for its data first.
         """
         slots = list(slots)
-        todo = [s for s in slots if not s.gathered]
-        works = []
-        for s in sorted(todo, key=lambda s: (s.group, s.start)):
-            home = self._home(s)
-            works += self._launch_gather(s, self.parts[s.group], home.view(-1))
-            s.param.data = home
+        todo = sorted((s for s in slots if not s.gathered), key=lambda s: (s.group, s.start))
+        homes = []
+        for s in todo:
+            homes.append(self._home(s).view(-1))
+            s.param.data = s.home
             s.gathered = True
             set_status(s.param, ZeroParamStatus.INFLIGHT if not wait else ZeroParamStatus.AVAILABLE)
             if not s.persistent:
                 self.live_numel += s.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
+        works = self._launch_gather(todo, self.parts, homes)
         if not wait:
             for s in todo:
                 self._pending[id(s)] = works
@@ -181,13 +199,11 @@ class PartitionedParams:
         self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], dtype: torch.dtype
     ) -> list[torch.Tensor]:
         """Full values of ``slots`` read from other partitions of the same layout (e.g. the fp32 masters)."""
-        out: list[torch.Tensor] = []
-        for s in slots:
-            buf = torch.empty(s.numel, dtype=dtype, device=s.param.device)
-            for w in self._launch_gather(s, sources[s.group], buf):
-                w.wait()
-            out.append(buf.view(s.shape))
-        return out
+        order = sorted(slots, key=lambda s: (s.group, s.start))
+        bufs = {id(s): torch.empty(s.numel, dtype=dtype, device=s.param.device) for s in order}
+        for w in self._launch_gather(order, sources, [bufs[id(s)] for s in order]):
+            w.wait()
+        return [bufs[id(s)].view(s.shape) for s in slots]
 
     def _home(self, s: ParamSlot) -> torch.Tensor:
         """The slot's full tensor with its storage allocated (contents undefined until gathered)."""
@@ -198,22 +214,61 @@ class PartitionedParams:
             s.home.untyped_storage().resize_(s.numel * s.home.element_size())
         return s.home
 
-    def _launch_gather(self, s: ParamSlot, source: torch.Tensor, out: torch.Tensor) -> list:
-        """Fill ``out`` (flat, ``s.numel`` elements) with ``s``'s value from the partitions ``source`` of
-        its group: the local piece copied, one broadcast per owner of a piece; returns the works."""
-        layout = self.layouts[s.group]
-        ps = layout.partition_range(self.rank)[0]
-        pieces = []
-        for r, lo, hi in layout.owners(s.start, s.end):
-            piece = out[lo - s.start : hi - s.start]
-            if r == self.rank:
-                piece.copy_(source[lo - ps : hi - ps])
-            pieces.append((piece, r))
+    def _launch_gather(
+        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]
+    ) -> list:
+        """Fill each ``outs[i]`` (flat, ``slots[i].numel`` elements; slots in flat order) with the slot's
+        value from the partitions ``sources[group]``; returns the works to wait for.
+
+        The local pieces are copied; the rest travels in one batch. A host transport (``_transport``) takes
+        every owner's piece of every slot in one call (shared memory packs them into rounds). Else the
+        slots are cut into runs that are contiguous in the flat space, and each run is one flat buffer
+        filled by one broadcast per owner of a piece of it (``_comm``: the all-gather gloo does fastest),
+        then copied into the outs; a run of one slot is broadcast straight into its out.
+        """
+        if not slots:
+            return []
+        pieces: list[tuple[torch.Tensor, int]] = []
+        for s, out in zip(slots, outs):
+            ps = self.layouts[s.group].partition_range(self.rank)[0]
+            for r, lo, hi in self.layouts[s.group].owners(s.start, s.end):
+                piece = out[lo - s.start : hi - s.start]
+                if r == self.rank:
+                    piece.copy_(sources[s.group][lo - ps : hi - ps])
+                pieces.append((piece, r))
         if self.dp == 1:
             return []
+        self.gathered_numel += sum(s.numel for s in slots)
+        if _transport.transport(self.process_group, *(t for t, _ in pieces)) is not None:
+            self.gather_calls += 1
+            return broadcast_async(pieces, self.process_group)
+        works: list = []
+        for run in _runs(slots, outs):
+            works.append(self._broadcast_run(run, sources))
+        return works
+
+    def _broadcast_run(self, run: list[tuple[ParamSlot, torch.Tensor]], sources: Sequence[torch.Tensor]):
+        """One run of flat-contiguous slots over torch.distributed (see ``_launch_gather``)."""
+        g, start, end = run[0][0].group, run[0][0].start, run[-1][0].end
+        if len(run) == 1:
+            buf = run[0][1]
+        else:
+            buf = torch.empty(end - start, dtype=run[0][1].dtype, device=run[0][1].device)
+            ps = self.layouts[g].partition_range(self.rank)[0]
+            for r, lo, hi in self.layouts[g].owners(start, end):
+                if r == self.rank:
+                    buf[lo - start : hi - start].copy_(sources[g][lo - ps : hi - ps])
+        pieces = [(buf[lo - start : hi - start], r) for r, lo, hi in self.layouts[g].owners(start, end)]
         self.gather_calls += len(pieces)
-        self.gathered_numel += s.numel
-        return broadcast_async(pieces, self.process_group)
+        works = broadcast_async(pieces, self.process_group)
+        if len(run) == 1:
+            return _Filled(works, None)
+
+        def unpack() -> None:
+            for s, out in run:
+                out.copy_(buf[s.start - start : s.end - start])
+
+        return _Filled(works, unpack)
 
     def release(self, slots: Iterable[ParamSlot]) -> None:
         """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
@@ -260,3 +315,38 @@ class PartitionedParams:
     def numel_held(self) -> int:
         """Elements of this rank's partitions plus the whole (persistent) parameters it keeps."""
         return sum(p.numel() for p in self.parts) + sum(s.numel for s in self.slots.values() if s.persistent)
+
+
+class _Filled:
+    """The works of one run's broadcasts, and what to do once they are done (copy the run's buffer out)."""
+
+    def __init__(self, works: list, then: Callable[[], None] | None) -> None:
+        self._works, self._then = works, then
+
+    def wait(self) -> None:
+        for w in self._works:
+            w.wait()
+        self._works = []
+        if self._then is not None:
+            self._then()
+            self._then = None
+
+
+def _runs(
+    slots: Sequence[ParamSlot], outs: Sequence[torch.Tensor]
+) -> list[list[tuple[ParamSlot, torch.Tensor]]]:
+    """``slots`` (in flat order) with their outs, cut where the next slot does not continue the flat range
+    of the previous one in the same group, dtype and device."""
+    runs: list[list[tuple[ParamSlot, torch.Tensor]]] = []
+    for s, out in zip(slots, outs):
+        last = runs[-1][-1] if runs else None
+        if (
+            last is not None
+            and last[0].group == s.group
+            and last[0].end == s.start
+            and (last[1].dtype, last[1].device) == (out.dtype, out.device)
+        ):
+            runs[-1].append((s, out))
+        else:
+            runs.append([(s, out)])
+    return runs
