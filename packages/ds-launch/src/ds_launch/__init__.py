@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ._binding import parse_range, parse_range_list
 from ._discovery import LaunchEnvError, discover_from_env
 from ._excepthook import install_excepthook
 from ._hostfile import (
@@ -38,6 +39,8 @@ __all__ = [
     "install_excepthook",
     "parse_hostfile",
     "parse_hostfile_lines",
+    "parse_range",
+    "parse_range_list",
     "select_resources",
     "terminate_process_tree",
 ]

@@ -14,32 +14,33 @@ import shutil
 
 from ._hostfile import HostfileError
 
-__all__ = ["parse_range_list", "cores_per_rank", "bound_argv"]
+__all__ = ["parse_range", "parse_range_list", "cores_per_rank", "bound_argv"]
 
 
-def _parse_range(text: str) -> range:
-    if text.strip().isdigit():
-        value = int(text)
+def parse_range(rng: str) -> range:
+    """``"3"`` -> ``range(3, 4)``; ``"2-5"`` -> ``range(2, 6)`` (inclusive); HostfileError (a ValueError) otherwise."""
+    if rng.strip().isdigit():
+        value = int(rng)
         return range(value, value + 1)
-    parts = text.split("-")
+    parts = rng.split("-")
     if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
         raise HostfileError(
-            f"Bad range: '{text}', range must be either a number or two number separated by dash"
+            f"Bad range: '{rng}', range must be either a number or two number separated by dash"
         )
     start, end = int(parts[0]), int(parts[1])
     if start > end:
-        raise HostfileError(f"Bad range: '{text}', range end must larger than or equal to start")
+        raise HostfileError(f"Bad range: '{rng}', range end must larger than or equal to start")
     return range(start, end + 1)
 
 
-def parse_range_list(text: str) -> list[int]:
+def parse_range_list(range_str: str) -> list[int]:
     """``"1,3-5,7"`` -> ``[1, 3, 4, 5, 7]``; ranges ascend and do not overlap (DeepSpeed's rules and texts)."""
     cores: list[int] = []
-    for part in text.split(","):
-        sub = _parse_range(part)
+    for part in range_str.split(","):
+        sub = parse_range(part)
         if cores and sub[0] <= cores[-1]:
             raise HostfileError(
-                f"Bad range: '{text}', sub ranges must not overlap with each other and should be in ascend order"
+                f"Bad range: '{range_str}', sub ranges must not overlap with each other and should be in ascend order"
             )
         cores.extend(sub)
     return cores
