@@ -26,12 +26,140 @@ _INTERNAL = (
     "module-internal helpers, globals and bookkeeping of DeepSpeed's implementation, which ds implements "
     "differently (its one implementation is in the ds-* packages)"
 )
-_CONFIG_GETTERS = (
-    "DeepSpeed's engine methods for its internals and per-key config getters ds's engine does not expose "
-    "(read the config from engine.config / ds_config's typed model), and engine methods of features ds lacks "
-    "(autotuning, flops profiler, data efficiency/curriculum, compile, random-LTD, AutoTP, MoE, universal "
-    "checkpoints, offload_states)"
+_ENGINE_MODULE = (
+    "deepspeed.runtime.engine's module-level internals (apex probe, castable dtypes, timer-name holder, "
+    "allreduce size, sparse-tensor split helper): ds's engine module is ds_engine's, which has none of them"
 )
+_E = "deepspeed.runtime.engine.DeepSpeedEngine."
+_ENGINE_REDUCE = (
+    "DeepSpeed's engine's gradient-reduction internals (buckets, sparse allreduce, scalar gathers, fp32 "
+    "clipping helper): ds reduces inside backward()/step() (ds-zero's reducer, no_sync for local "
+    "accumulation) and exposes no separate reduction methods"
+)
+_ENGINE_ZERO_KEYS = (
+    "ZeRO keys ds-config does not take: ZeRO++ (hpZ partition size, quantised weights/gradients), legacy "
+    "stage 1, multi-rank bucket allreduce, parameter alignment, sequential allgather, Muon momentum buffers, "
+    "the grad-norm switch, trace-cache warnings, leaf-module granularity: these features are not in ds"
+)
+_ENGINE_OTHER_KEYS = (
+    "config keys and their objects ds-config does not take (communication_data_type, checkpoint "
+    "serialization/writer, use_node_local_storage, load_universal_checkpoint, log_level, CPU-Adam core "
+    "share, sanity checks, legacy fusion, managed gradient accumulation, DeepSpeed's swap-tensor object): "
+    "not in ds"
+)
+ENGINE_ABSENT: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            _E + "autotuning_" + n
+            for n in (
+                "enabled end_profile_step metric metric_path model_info_path profile_model_info start_profile_step"
+            ).split()
+        ],
+        "the autotuner's engine getters: autotuning is not in ds",
+    ),
+    **dict.fromkeys(
+        [
+            _E + "flops_profiler_" + n
+            for n in (
+                "detailed enabled module_depth output_file profile_step recompute_fwd_factor top_modules"
+            ).split()
+        ],
+        "the flops profiler's engine getters: the flops profiler is not in ds",
+    ),
+    **dict.fromkeys(
+        [
+            _E + n
+            for n in (
+                "curriculum_learning_config curriculum_learning_enabled data_efficiency_config "
+                "data_efficiency_enabled data_sampling_config data_sampling_enabled "
+                "set_custom_curriculum_learning_schedule set_data_post_process_func random_ltd_config "
+                "random_ltd_enabled random_ltd_initialize"
+            ).split()
+        ],
+        "data efficiency (curriculum learning, data sampling, DeepSpeedDataLoader's post-processing, "
+        "random-LTD): not in ds",
+    ),
+    **dict.fromkeys(
+        [
+            _E + n
+            for n in (
+                "compile_autosp compile_autotp compile_zero_optimization_stage get_autosp_backend "
+                "get_autotp_backend get_compile_time get_deepcompile_backend get_deepspeed_compile_backend "
+                "is_compiled is_deepcompile_active is_deepcompile_enabled register_compile_pass "
+                "uses_parallelization_pass_only"
+            ).split()
+        ],
+        "engine.compile / DeepCompile and its passes: not in ds",
+    ),
+    **dict.fromkeys(
+        [_E + n for n in "autotp_size tensor_parallel_config get_sequence_parallel_group".split()],
+        "AutoTP tensor parallelism and sequence parallelism: not in ds (data-parallel only)",
+    ),
+    _E + "load_moe_state_dict": "MoE: not in ds",
+    _E + "print_forward_breakdown": "MoE gate/all-to-all timing: MoE is not in ds",
+    **dict.fromkeys(
+        [_E + n for n in "offload_states reload_states super_offload zenflow_config".split()],
+        "offload_states/reload_states, SuperOffload and ZenFlow: not in ds",
+    ),
+    **dict.fromkeys(
+        [
+            _E + n
+            for n in (
+                "torch_autocast_enabled torch_autocast_dtype torch_autocast_lower_precision_safe_modules"
+            ).split()
+        ],
+        "torch_autocast mixed precision: not in ds (ds-config refuses the section; use bf16, fp16 or amp)",
+    ),
+    **dict.fromkeys(
+        [
+            _E + n
+            for n in (
+                "all_gather_scalar allreduce_and_copy allreduce_bucket allreduce_gradients allreduce_no_retain "
+                "buffered_allreduce_fallback clip_fp32_gradients sparse_all_gather sparse_allreduce "
+                "sparse_allreduce_bucket sparse_allreduce_no_retain"
+            ).split()
+        ],
+        _ENGINE_REDUCE,
+    ),
+    _E + "coalesce_grad_reduction": (
+        "coalescing ZeRO gradient reduction across backward() calls: not in ds (engine.no_sync() keeps "
+        "gradients local at ZeRO 0/1)"
+    ),
+    _E + "scale": (
+        "scaling a loss for a manual loss.backward(): not in ds (engine.backward(loss) scales the loss)"
+    ),
+    _E + "get_wall_clock_timers": (
+        "the snapshot dict of DeepSpeed's engine timers: ds's timers are engine.timers (ds_engine._timers)"
+    ),
+    _E + "collect_python_gc": "DeepSpeed's Python GC manager: not in ds",
+    _E + "get_optimizer_configuration": (
+        "DeepSpeed's choice of its own Adam implementation from the optimizer params: ds-optim builds the "
+        "config's optimizer (ds_engine._assemble)"
+    ),
+    **dict.fromkeys(
+        [
+            _E + n
+            for n in (
+                "zero_hpz_partition_size zero_quantized_weights zero_quantized_nontrainable_weights "
+                "zero_quantized_gradients zero_legacy_stage1 zero_multi_rank_bucket_allreduce "
+                "zero_parameter_alignment zero_allgather_sequential zero_save_muon_momentum_buffer_in_memory "
+                "zero_compute_grad_norm zero_log_trace_cache_warnings zero_module_granularity_threshold"
+            ).split()
+        ],
+        _ENGINE_ZERO_KEYS,
+    ),
+    **dict.fromkeys(
+        [
+            _E + n
+            for n in (
+                "communication_data_type checkpoint_serialization_enabled checkpoint_writer_enabled "
+                "use_node_local_storage load_universal_checkpoint log_level cpuadam_cores_perc "
+                "is_sanity_checks_enabled optimizer_legacy_fusion managed_gradient_accumulation swap_tensor_config"
+            ).split()
+        ],
+        _ENGINE_OTHER_KEYS,
+    ),
+}
 
 ABSENT: dict[str, str] = {
     # top-level features
@@ -132,7 +260,13 @@ ABSENT: dict[str, str] = {
         "functions code calls (checkpoint, configure, is_configured, reset, get_cuda_rng_tracker, "
         "model_parallel_cuda_manual_seed, non_reentrant_checkpoint) are provided"
     ),
-    "deepspeed.runtime.engine": _CONFIG_GETTERS,
+    **{
+        "deepspeed.runtime.engine." + n: _ENGINE_MODULE
+        for n in (
+            "APEX_INSTALLED CASTABLE_DTYPES EngineTimers MEMORY_OPT_ALLREDUCE_SIZE split_half_float_double_sparse"
+        ).split()
+    },
+    **ENGINE_ABSENT,
     "deepspeed.runtime.zero.stage_1_and_2": (
         "DeepSpeed's ZeRO 1/2 internals (IPG buckets, timer names, memory estimators, helpers) and the "
         "methods of its optimizer's internals: ds's ZeRO 1/2 optimizer is ds_zero.ZeroOptimizer, provided "

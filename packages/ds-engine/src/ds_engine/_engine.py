@@ -19,6 +19,7 @@ from torch import nn
 from ds_engine._assemble import Parts
 from ds_engine._data import build_dataloader
 from ds_engine._getters import ConfigGetters
+from ds_engine._key_getters import KeyGetters
 from ds_engine._monitor import Monitor
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
 
@@ -35,7 +36,7 @@ class NoSyncError(AssertionError, RuntimeError):
     it is also a RuntimeError, which ds raised before."""
 
 
-class DeepSpeedEngine(ConfigGetters, nn.Module):
+class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
     """Wraps the model; ``forward``, ``backward(loss)`` and ``step()`` follow DeepSpeed's semantics.
 
     Every ``step()`` call is one micro-step. The optimizer, the LR schedule and the counters act only at
