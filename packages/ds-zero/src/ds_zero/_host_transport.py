@@ -6,8 +6,10 @@ process group.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,9 +36,18 @@ class Work:
         return self._done.is_set()
 
 
+# How long a process's exit waits for collectives it launched but nobody waited for (a prefetch, the gather
+# after the last step): every rank launched the same ones, so they finish unless a peer is gone.
+EXIT_DRAIN_S = 10.0
+
+
 class HostTransport:
     """Runs submitted calls in order on one worker thread. Subclasses provide the four collectives:
-    ``all_reduce(tensors)``, ``reduce(pieces, rank)``, ``broadcast(pieces)``, ``all_gather(span)``."""
+    ``all_reduce(tensors)``, ``reduce(pieces, rank)``, ``broadcast(pieces)``, ``all_gather(span)``.
+
+    At interpreter exit the worker is drained and stopped (``close``): Python kills a daemon thread that is
+    still inside torch's C++ code at finalization, and the unwinding aborts the process ("terminate called
+    without an active exception", exit -6) after the script itself succeeded."""
 
     kind = "host"
     dtypes: frozenset[torch.dtype] = frozenset()
@@ -46,10 +57,19 @@ class HostTransport:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=f"ds-zero-{self.kind}", daemon=True)
         self._thread.start()
+        self._closed = False
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def _run(self) -> None:
-        while True:
-            self._run_one(*self._queue.get())
+        while (item := self._queue.get()) is not None:
+            self._run_one(*item)
+
+    def close(self, timeout_s: float = EXIT_DRAIN_S) -> None:
+        """Let the collectives already launched finish (at most ``timeout_s``), then stop the worker."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+        self._thread.join(timeout_s)
 
     def _run_one(self, calls: list[tuple[Any, Callable[[], None]]], work: Work) -> None:
         """Each call's tensors (and the closure that holds them) are dropped as soon as it has run, and
@@ -71,9 +91,17 @@ class HostTransport:
     def submit(self, calls: Sequence[tuple[Any, Callable[[], None]]]) -> Work:
         """Run each ``(tensors, call)`` in order after everything launched before; returns their one
         ``Work``. The tensors ride along so that their memory lives until the call has run."""
+        if self._closed:
+            raise RuntimeError(f"ds-zero's {self.kind} transport is closed (the process is exiting)")
         work = Work(self.kind)
         self._queue.put((list(calls), work))
         return work
 
     def carries(self, t: torch.Tensor) -> bool:
         return t.device.type == "cpu" and t.dtype in self.dtypes and t.is_contiguous()
+
+
+def _close_at_exit(ref: weakref.ref[HostTransport]) -> None:
+    transport = ref()
+    if transport is not None:
+        transport.close()
