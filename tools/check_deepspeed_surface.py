@@ -67,27 +67,18 @@ def _table() -> Any:
 
 
 # --- comparing one name -----------------------------------------------------------------------------
-_KINDS = {
-    inspect.Parameter.POSITIONAL_ONLY: "p",
-    inspect.Parameter.POSITIONAL_OR_KEYWORD: "pk",
-    inspect.Parameter.VAR_POSITIONAL: "*",
-    inspect.Parameter.KEYWORD_ONLY: "k",
-    inspect.Parameter.VAR_KEYWORD: "**",
-}
+def _recorder() -> Any:
+    """tools/record_deepspeed_surface.py (standard library only at import): its ``signature`` is the one
+    form both sides of the comparison are written in."""
+    spec = importlib.util.spec_from_file_location(
+        "record_deepspeed_surface", ROOT / "tools/record_deepspeed_surface.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _signature(obj: Any) -> list[list[str]] | None:
-    try:
-        sig = inspect.signature(obj)
-    except (TypeError, ValueError):
-        return None
-    out = []
-    for p in sig.parameters.values():
-        item = [p.name, _KINDS[p.kind]]
-        if p.default is not inspect.Parameter.empty:
-            item.append(repr(p.default))
-        out.append(item)
-    return out
+_signature = _recorder().signature
 
 
 def compare_signatures(theirs: list[list[str]] | None, ours: list[list[str]] | None) -> str | None:
