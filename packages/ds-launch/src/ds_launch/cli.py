@@ -304,6 +304,12 @@ def _cores(args: argparse.Namespace, num_local: int) -> list[list[int]]:
         if args.bind_core_list:
             raise HostfileError("--bind_core_list needs --bind_cores_to_rank")
         return []
+    print(
+        "ds-launch: --bind_cores_to_rank binds each rank's cores with taskset; unlike DeepSpeed's numactl it does "
+        "not bind memory to their NUMA node (wrap the script in 'numactl -m' for that)",
+        file=sys.stderr,
+        flush=True,
+    )
     return cores_per_rank(num_local, args.bind_core_list, os.environ)
 
 
