@@ -3,7 +3,8 @@
 Usage: exit_rank.py OUT MODE, run with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set. An atexit handler
 registered before init_distributed runs after init_distributed's own (atexit is last in, first out)
 and records whether the process group was still initialised at that point, in OUT/exit{RANK}.txt.
-MODE "clean" returns normally right after a collective; "raise" leaves an all-reduce in flight and
+MODE "clean" returns normally right after a collective; "theirs" does too, in a process group torch
+created before init_distributed (as Accelerate and the Trainer do), and records nothing; "raise" leaves an all-reduce in flight and
 raises (rank 0 only; rank 1 waits, as a healthy peer would, until the file OUT/release exists).
 """
 
@@ -23,11 +24,18 @@ def record() -> None:
     (out / f"exit{topo.rank}.txt").write_text("initialised" if dist.is_initialized() else "destroyed")
 
 
-atexit.register(record)
+if mode == "theirs":
+    dist.init_process_group("gloo")  # and no record(): its file write lets go of the GIL at exit
+else:
+    atexit.register(record)
 topo = init_distributed(backend="gloo")
 group = dist.new_group(list(range(topo.world_size)))  # a subgroup too: teardown must cover it
 dist.all_reduce(torch.ones(4), group=group)
 dist.all_reduce(torch.ones(4))  # the last collective's tensor dies as the call returns
+if mode == "theirs":  # a metrics gather per step, as a Trainer does: each tensor dies as the call returns
+    for _ in range(20):
+        dist.all_reduce(torch.ones(1000))
+        dist.all_reduce(torch.ones(10), async_op=True).wait()
 if mode == "raise":
     if topo.rank == 0:
         dist.all_reduce(torch.ones(1 << 16), async_op=True)  # rank 1 never joins this one
