@@ -214,9 +214,12 @@ def _end_rank(rank: int, parent: int, why: str) -> None:
         return  # the rank is gone already
     text = (f"ds-launch: rank {rank} on {socket.gethostname()} lost the launcher: {why}; ending this rank "
             f"(SIGTERM, SIGKILL after {END_GRACE_S:.0f} s)\n")  # fmt: skip
-    try:
-        with open(f"/proc/{parent}/fd/2", "w") as err:
-            err.write(text)
+    try:  # non-blocking: a full pipe whose reader is gone or stuck must not keep the rank alive
+        fd = os.open(f"/proc/{parent}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
     except OSError:
         pass
     try:
