@@ -116,6 +116,30 @@ def test_kill_host_and_partition(cluster):
         time.sleep(0.5)
 
 
+def test_a_second_network_and_cutting_one_of_two(tmp_path):
+    """``second_network``: those hosts also get eth1 on a /24 of their own bridge; ``partition(name, net=0)``
+    cuts only eth0's cable (node1 still reaches node0 on the second network, not on the first)."""
+    require_hosts()
+    probe = "import socket, sys; socket.create_connection((sys.argv[1], 22), timeout=2)"
+
+    def answer(c: Cluster, frm: str, address: str) -> str:
+        err = c.run(frm, [sys.executable, "-c", probe, address]).stderr
+        return "refused" if "ConnectionRefusedError" in err else "silent" if "TimeoutError" in err else err
+
+    with Cluster(3, second_network=["node0", "node1"]) as c:
+        assert len(c.subnets) == 2 and c.subnets[0] != c.subnets[1]
+        for name in ("node0", "node1"):
+            eth1 = _sh(c, name, "ip -4 -o addr show dev eth1").stdout
+            assert f"{c.address(name, net=1)}/24" in eth1 and c.address(name, net=1) != c.address(name)
+        assert _sh(c, "node2", "ip link show dev eth1").returncode != 0  # on the first network only
+        assert answer(c, "node1", c.address("node0", net=1)) == "refused"  # reached, nothing listens
+        c.partition("node1", net=0)
+        assert answer(c, "node1", c.address("node0", net=1)) == "refused"
+        assert answer(c, "node1", c.address("node0")) == "silent"
+        assert subprocess.run([str(c.ssh), "node1", "true"]).returncode == 0  # not down: one cable left
+        c.heal("node1")
+
+
 def test_nothing_left_after_close_or_after_the_owner_is_killed(tmp_path):
     require_hosts()
     with Cluster(2) as c:

@@ -13,7 +13,9 @@ long a fault takes to end a job. Needs root (network namespaces).
   gloo and over ds-zero's host transport (MPI under mpirun), the same link (a veth pair through a bridge:
   the kernel's network stack on one machine, not a NIC, so the figure bounds software, not wire, speed).
 - **faults**: 2 hosts x 2 ranks all-reducing in a loop (packages/ds-launch/tests/scripts/hosts_rank.py) with
-  ds-launch's default monitor timeouts; each fault is made at step 20 and timed to ds-launch's exit.
+  ds-launch's default monitor timeouts; each fault is made at step 20 and timed to ds-launch's exit, and for
+  a partition also to the moment the cut-off host has no rank left (its ranks' beaters end them; counted
+  inside the host while it is still cut off). ``--fault KIND`` measures only those kinds.
 
 Prints markdown tables; every figure comes from one run of this script.
 """
@@ -151,11 +153,23 @@ def bandwidth(cluster: Cluster, mib: int, repeats: int) -> list[str]:
     return rows
 
 
-def faults(cluster: Cluster) -> list[str]:
+def _ranks_left(cluster: Cluster, host: str) -> int:
+    left = 0
+    for pid in cluster.pids(host):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        left += FAULT_SCRIPT.name.encode() in cmdline and state != "Z"
+    return left
+
+
+def faults(cluster: Cluster, kinds: list[str]) -> list[str]:
     hostfile = cluster.hostfile(cluster.shared / "faults.hosts", slots=2, names=["node0", "node1"])
-    rows = ["| fault (at step 20, on node1) | fault to ds-launch's exit (s) | exit code | what ds-launch said first |",
-            "|---|---|---|---|"]  # fmt: skip
-    for kind in ("lost", "partition", "hang", "raise"):
+    rows = ["| fault (at step 20, on node1) | fault to ds-launch's exit (s) | fault to node1's ranks gone (s) | exit code | what ds-launch said first |",
+            "|---|---|---|---|---|"]  # fmt: skip
+    for kind in kinds:
         out = cluster.shared / f"fault-{kind}"
         out.mkdir()
         script_args = [str(out), "100000"] + (["hang", "3", "20"] if kind == "hang" else [])
@@ -174,6 +188,11 @@ def faults(cluster: Cluster) -> list[str]:
             cluster.kill_host("node1")
         elif kind == "partition":
             cluster.partition("node1")
+        gone = "-"
+        if kind == "partition":  # still cut off: when do its ranks end by themselves?
+            while _ranks_left(cluster, "node1") and time.monotonic() - t_fault < 300:
+                time.sleep(0.1)
+            gone = f"{time.monotonic() - t_fault:.1f}" if not _ranks_left(cluster, "node1") else "> 300"
         log = job.communicate(timeout=600)[0]
         took = time.monotonic() - t_fault
         cluster.heal("node1")
@@ -182,7 +201,9 @@ def faults(cluster: Cluster) -> list[str]:
         said = next(
             (ln for ln in log.splitlines() if ln.startswith("ds-launch:") and "running" not in ln), ""
         )
-        rows.append(f"| {kind} | {took:.1f} | {job.returncode} | {said.removeprefix('ds-launch: ')[:110]} |")
+        rows.append(
+            f"| {kind} | {took:.1f} | {gone} | {job.returncode} | {said.removeprefix('ds-launch: ')[:110]} |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -194,6 +215,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--fault", choices=["lost", "partition", "hang", "raise"], action="append")
     args = p.parse_args()
     parts = args.only or ["train", "bandwidth", "faults"]
     with Cluster(2, private_tmp=True) as cluster:
@@ -203,7 +225,7 @@ def main() -> None:
         if "bandwidth" in parts:
             tables.append(bandwidth(cluster, args.mib, args.repeats))
         if "faults" in parts:
-            tables.append(faults(cluster))
+            tables.append(faults(cluster, args.fault or ["lost", "partition", "hang", "raise"]))
     print()
     for table in tables:
         print("\n".join(table) + "\n")

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from hosts import _netns
@@ -31,8 +31,10 @@ echo $$ > "$3.tmp"
 mv "$3.tmp" "$3"
 exec sleep infinity
 """
-_BRIDGE = "br0"
-_HOST_IFNAME = "eth0"
+# network i: bridge br<i> in the hub, a veth per host from port p<i>-<host index> to eth<i> in the host
+_BRIDGE = "br{}"
+_HOST_IFNAME = "eth{}"
+_PORT = "p{}-{}"
 
 
 class HostsUnavailable(RuntimeError):
@@ -52,9 +54,11 @@ def unavailable_reason() -> str | None:
 @dataclass(frozen=True)
 class Host:
     name: str  # its hostname (the UTS namespace's)
-    address: str  # its IPv4 address on the cluster's bridge
+    address: str  # its IPv4 address on the cluster's first network (eth0)
     netns: str  # the network namespace, as `ip netns list` names it
     holder_pid: int  # nsenter -t HOLDER -u -m -n enters the host
+    # its address on each network it is on, by network index (eth<i>): {0: address, 1: ...}
+    addresses: Mapping[int, str] = field(default_factory=dict)
 
 
 class Cluster:
@@ -67,7 +71,9 @@ class Cluster:
     mapping host name -> file text. ``private_tmp=True`` gives each host its own empty /tmp (as separate machines
     have; then only ``cluster.shared``, a folder every host sees as a cluster's shared home, is common to
     them). ``own_shm=False`` leaves the machine's /dev/shm shared by all hosts (to check that "same host" is
-    not inferred from a shared file). ``login_env`` is what a login on each host starts with (see
+    not inferred from a shared file). ``second_network`` names hosts that are also on a second /24 of their own
+    bridge, as ``eth1`` (a host with two interfaces; the others have only ``eth0``): ``address(name, net=1)``,
+    ``partition(name, net=0)`` cuts only the first. ``login_env`` is what a login on each host starts with (see
     :func:`hosts._agent.default_login_env`). Close it (or use ``with``) to tear everything down; a reaper
     process does it if this process dies first, and the next run sweeps anything a reaper missed.
     """
@@ -81,6 +87,7 @@ class Cluster:
         names: Sequence[str] | None = None,
         private_tmp: bool = False,
         own_shm: bool = True,
+        second_network: Sequence[str] = (),
     ) -> None:
         reason = unavailable_reason()
         if reason is not None:
@@ -99,11 +106,17 @@ class Cluster:
         self._holders: list[subprocess.Popen] = []
         try:
             self._start_reaper()
-            net = f"10.{random.randint(64, 250)}.{random.randint(0, 255)}"
-            self.hosts = {
-                name: self._make_host(i, name, f"{net}.{10 + i}") for i, name in enumerate(self.names)
-            }
-            self.subnet = f"{net}.0/24"
+            nets = [f"10.{random.randint(64, 250)}.{third}" for third in random.sample(range(256), 2)]
+            on_net = [self.names, [n for n in self.names if n in second_network]]
+            if len(on_net[1]) != len(second_network):
+                raise ValueError(f"second_network={list(second_network)} names a host not in {self.names}")
+            self.hosts = {}
+            for net_index, net in enumerate(nets[: 2 if second_network else 1]):
+                self._make_bridge(net_index)
+                for name in on_net[net_index]:
+                    self._join(net_index, name, f"{net}.{10 + self.names.index(name)}")
+            self.subnet = f"{nets[0]}.0/24"
+            self.subnets = [f"{net}.0/24" for net in nets[: 2 if second_network else 1]]
             hosts_text = _etc_hosts(etc_hosts, self.hosts)
             for name, host in self.hosts.items():
                 self._start_holder(host, hosts_text.get(name), dict(login_env or default_login_env()))
@@ -126,24 +139,29 @@ class Cluster:
     def _ns(self, what: str) -> str:
         return f"{self.prefix}-{what}"
 
-    def _make_host(self, index: int, name: str, address: str) -> Host:
+    def _make_bridge(self, net: int) -> None:
         hub = self._ns("hub")
-        if index == 0:
+        if net == 0:
             _netns.ip("netns", "add", hub)
-            _netns.ip("-n", hub, "link", "add", _BRIDGE, "type", "bridge", "forward_delay", "0")
-            _netns.ip("-n", hub, "link", "set", _BRIDGE, "up")
-        netns = self._ns(name)
-        _netns.ip("netns", "add", netns)
-        # one veth per host: pI on the hub's bridge, eth0 in the host
-        port = f"p{index}"
-        _netns.ip(
-            "-n", hub, "link", "add", port, "type", "veth", "peer", "name", _HOST_IFNAME, "netns", netns
-        )
-        _netns.ip("-n", hub, "link", "set", port, "master", _BRIDGE, "up")
-        _netns.ip("-n", netns, "addr", "add", f"{address}/24", "dev", _HOST_IFNAME)
-        _netns.ip("-n", netns, "link", "set", _HOST_IFNAME, "up")
-        _netns.ip("-n", netns, "link", "set", "lo", "up")
-        return Host(name=name, address=address, netns=netns, holder_pid=0)
+        bridge = _BRIDGE.format(net)
+        _netns.ip("-n", hub, "link", "add", bridge, "type", "bridge", "forward_delay", "0")
+        _netns.ip("-n", hub, "link", "set", bridge, "up")
+
+    def _join(self, net: int, name: str, address: str) -> None:
+        """Put host ``name`` on network ``net`` (made with its first network): a veth from the hub's bridge
+        to eth<net> in the host, with ``address``/24."""
+        hub, netns = self._ns("hub"), self._ns(name)
+        if net == 0:
+            _netns.ip("netns", "add", netns)
+            _netns.ip("-n", netns, "link", "set", "lo", "up")
+            self.hosts[name] = Host(name=name, address=address, netns=netns, holder_pid=0)
+        port, ifname = _PORT.format(net, self.names.index(name)), _HOST_IFNAME.format(net)
+        _netns.ip("-n", hub, "link", "add", port, "type", "veth", "peer", "name", ifname, "netns", netns)
+        _netns.ip("-n", hub, "link", "set", port, "master", _BRIDGE.format(net), "up")
+        _netns.ip("-n", netns, "addr", "add", f"{address}/24", "dev", ifname)
+        _netns.ip("-n", netns, "link", "set", ifname, "up")
+        host = self.hosts[name]
+        self.hosts[name] = replace(host, addresses={**host.addresses, net: address})
 
     def _start_holder(self, host: Host, hosts_text: str | None, login_env: dict[str, str]) -> None:
         folder = self.state / "hosts" / host.name
@@ -191,16 +209,18 @@ class Cluster:
                 raise RuntimeError(f"test host {host.name}: its holder did not start in 30 s")
             time.sleep(0.02)
         pid = int(pidfile.read_text())
-        self.hosts[host.name] = Host(host.name, host.address, host.netns, pid)
-        # the agent finds a host by its address too (ssh 10.x.y.11)
-        (self.state / "hosts" / host.address).symlink_to(host.name)
+        self.hosts[host.name] = replace(host, holder_pid=pid)
+        # the agent finds a host by its addresses too (ssh 10.x.y.11)
+        for address in host.addresses.values():
+            (self.state / "hosts" / address).symlink_to(host.name)
 
     # --- using ----------------------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Host:
         return self.hosts[name]
 
-    def address(self, name: str) -> str:
-        return self.hosts[name].address
+    def address(self, name: str, net: int = 0) -> str:
+        """Host ``name``'s address on network ``net`` (0: eth0, 1: eth1 of the hosts in ``second_network``)."""
+        return self.hosts[name].addresses[net]
 
     def enter_argv(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
         """An argument list that runs ``argv`` on host ``name`` in its login environment plus ``env`` (no
@@ -242,14 +262,21 @@ class Cluster:
         _netns.kill_pids(pids)
         return pids
 
-    def partition(self, name: str) -> None:
-        """Cut the host's cable: its bridge port goes down, packets to and from it vanish without a reply."""
-        self._mark_down(name, "partitioned: its link is down")
-        _netns.ip("-n", self._ns("hub"), "link", "set", f"p{self.names.index(name)}", "down")
+    def partition(self, name: str, net: int | None = None) -> None:
+        """Cut the host's cables (``net``: only the one to that network): its bridge ports go down, packets to
+        and from it vanish without a reply. Its own interfaces stay up, addressed and routed, as a host
+        behind a dead switch sees them. Cut from every network, it is down for ssh too."""
+        nets = list(self.hosts[name].addresses) if net is None else [net]
+        if net is None:
+            self._mark_down(name, "partitioned: its link is down")
+        for index in nets:
+            port = _PORT.format(index, self.names.index(name))
+            _netns.ip("-n", self._ns("hub"), "link", "set", port, "down")
 
     def heal(self, name: str) -> None:
         """Undo :meth:`partition` / the ssh refusal of :meth:`kill_host`."""
-        _netns.ip("-n", self._ns("hub"), "link", "set", f"p{self.names.index(name)}", "up")
+        for index in self.hosts[name].addresses:
+            _netns.ip("-n", self._ns("hub"), "link", "set", _PORT.format(index, self.names.index(name)), "up")
         for host in self.hosts.values():  # neighbours that failed to answer during the cut: ask afresh
             _netns.ip("-n", host.netns, "neigh", "flush", "all", check=False)
         (self.state / "hosts" / name / "down").unlink(missing_ok=True)

@@ -12,9 +12,17 @@ reads the rank's progress from /proc (its main thread's CPU time, the bytes it r
 over a pipe, where the rank's main thread is (from a thread of the rank: stale while the GIL is held,
 harmless) and how the rank ended. It ends with the rank: when the pipe closes or its parent is gone.
 
+It also ends the rank when it loses the launcher: the connection closed (the launcher ended the job and
+exited) or nothing it sent was acknowledged for the launcher's heartbeat timeout (TCP_USER_TIMEOUT: its
+host is cut off from the launcher's, which has ended the job by then as a silent host's). A rank the
+launcher can no longer reach, nor stop through mpirun or ssh, would otherwise run on for ever, holding its
+host's memory and devices: its beater sends it SIGTERM, and SIGKILL after ``END_GRACE_S``, saying why on the
+rank's stderr.
+
 One JSON object per line to the launcher: ``{"hello": rank, "host", "pid"}`` once, then ``{"beat": t,
 "cpu_s", "io_bytes", "where"}`` every ``BEAT_S``, finally ``{"end": record}`` (only when the rank said how
-it ended: a rank that vanished without one was killed, or its host lost).
+it ended: a rank that vanished without one was killed, or its host lost). One line back, after the hello:
+``{"heartbeat_timeout": s}``.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ import time
 MONITOR_ENV = "DS_LAUNCH_MONITOR"
 BEAT_S = 1.0
 _CONNECT_TIMEOUT_S = 10.0
+_DEFAULT_LOST_S = 20.0  # the launcher's default --heartbeat_timeout, where it did not say its own
+END_GRACE_S = 10.0
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -105,22 +115,62 @@ def _connect(rank: int, endpoints: str) -> socket.socket | None:
 
 
 def _beat(rank: int, endpoints: str, parent: int, pipe: int) -> None:
-    """The beater's life: forward the rank's messages, beat every second, end with the rank."""
+    """The beater's life: forward the rank's messages, beat every second, end with the rank, and end the
+    rank when the launcher is lost."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the rank decides how a signal ends it; the beater follows it
     sock = _connect(rank, endpoints)
     if sock is None:
         return
-    sock.settimeout(None)
     # the rank's output pipes are the rank's: a launcher waiting for their end must not wait for the beater
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    send = sock.sendall
-    send((json.dumps({"hello": rank, "host": socket.gethostname(), "pid": parent}) + "\n").encode())
-    pending, where, next_beat = b"", "", 0.0
     try:
-        while os.getppid() == parent:
+        sock.sendall(
+            (json.dumps({"hello": rank, "host": socket.gethostname(), "pid": parent}) + "\n").encode()
+        )
+        lost_s = _launcher_timeout(sock)
+        sock.settimeout(None)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):  # Linux: unacknowledged for lost_s, the connection fails
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(lost_s * 1000))
+    except OSError as exc:
+        sock.close()
+        _end_rank(rank, parent, f"the launcher did not answer its hello ({exc})")
+        return
+    lost = ""
+    try:
+        lost = _forward(sock, parent, pipe)
+    finally:
+        sock.close()
+    if lost:
+        _end_rank(rank, parent, lost)
+
+
+def _launcher_timeout(sock: socket.socket) -> float:
+    """The launcher's heartbeat timeout, from its one line after the hello."""
+    sock.settimeout(_CONNECT_TIMEOUT_S)
+    line = b""
+    while not line.endswith(b"\n"):
+        try:
+            chunk = sock.recv(256)
+        except TimeoutError:
+            return _DEFAULT_LOST_S  # a slow launcher is not a lost one
+        if not chunk:
+            raise OSError("the connection closed")
+        line += chunk
+    try:
+        return max(1.0, float(json.loads(line)["heartbeat_timeout"]))
+    except (ValueError, KeyError, TypeError):
+        return _DEFAULT_LOST_S
+
+
+def _forward(sock: socket.socket, parent: int, pipe: int) -> str:
+    """Beat and forward until the rank ends (returns "") or the launcher is lost (returns what was seen)."""
+    send = sock.sendall
+    pending, where, next_beat = b"", "", 0.0
+    while os.getppid() == parent:
+        try:
             now = time.monotonic()
             if now >= next_beat:
                 beat = {
@@ -131,24 +181,56 @@ def _beat(rank: int, endpoints: str, parent: int, pipe: int) -> None:
                 }
                 send((json.dumps(beat) + "\n").encode())
                 next_beat = now + BEAT_S
-            ready, _, _ = select.select([pipe], [], [], max(0.0, next_beat - time.monotonic()))
-            if not ready:
-                continue
-            chunk = os.read(pipe, 1 << 16)
-            if not chunk:
-                return  # the rank exited without saying how: the launcher sees the connection close
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for line in lines:
+            ready, _, _ = select.select([pipe, sock], [], [], max(0.0, next_beat - time.monotonic()))
+            if sock in ready and not sock.recv(256):
+                return "the launcher closed its connection (it ended the job)"
+        except OSError as exc:
+            return f"the connection to the launcher failed ({exc.strerror or exc}): cut off from its host"
+        if pipe not in ready:
+            continue
+        chunk = os.read(pipe, 1 << 16)
+        if not chunk:
+            return ""  # the rank exited without saying how: the launcher sees the connection close
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            try:
                 message = json.loads(line)
-                if "end" in message:
+            except ValueError:
+                continue
+            if "end" in message:
+                try:
                     send(line + b"\n")
-                    return
-                where = message.get("where", where)
-    except (OSError, ValueError):
-        pass  # the launcher is gone
-    finally:
-        sock.close()
+                except OSError:
+                    pass  # the rank is ending anyway
+                return ""
+            where = message.get("where", where)
+    return ""
+
+
+def _end_rank(rank: int, parent: int, why: str) -> None:
+    """SIGTERM the rank, SIGKILL after END_GRACE_S, saying why on its stderr (this process's is /dev/null)."""
+    if os.getppid() != parent:
+        return  # the rank is gone already
+    text = (f"ds-launch: rank {rank} on {socket.gethostname()} lost the launcher: {why}; ending this rank "
+            f"(SIGTERM, SIGKILL after {END_GRACE_S:.0f} s)\n")  # fmt: skip
+    try:  # non-blocking: a full pipe whose reader is gone or stuck must not keep the rank alive
+        fd = os.open(f"/proc/{parent}/fd/2", os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+    try:
+        os.kill(parent, signal.SIGTERM)
+        deadline = time.monotonic() + END_GRACE_S
+        while os.getppid() == parent and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if os.getppid() == parent:
+            os.kill(parent, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _cpu_s(pid: int) -> float:

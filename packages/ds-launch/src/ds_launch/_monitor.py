@@ -107,7 +107,13 @@ class Monitor:
         with conn, conn.makefile("rb") as lines:
             try:
                 for raw in lines:
+                    hello = state is None
                     state = self._handle(state, json.loads(raw))
+                    if hello and state is not None:
+                        # the rank's beater ends its rank when it loses this launcher for as long
+                        conn.sendall(
+                            (json.dumps({"heartbeat_timeout": self.heartbeat_timeout_s}) + "\n").encode()
+                        )
             except (OSError, ValueError):
                 pass  # a reset connection: the same as a close
         with self._lock:

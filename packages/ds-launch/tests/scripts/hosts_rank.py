@@ -22,6 +22,7 @@ out, steps = Path(args[0]), int(args[1])
 fault, fault_rank, fault_step = (args[2], int(args[3]), int(args[4])) if len(args) > 2 else ("", -1, -1)
 torch.set_num_threads(1)
 topo = init_distributed(backend="gloo")
+print(f"startup: {topo.describe()}", file=sys.stderr, flush=True)  # as ds_engine.initialize logs it
 record = {
     "rank": topo.rank,
     "host": socket.gethostname(),
@@ -33,6 +34,7 @@ record = {
     "master_addr": topo.master_addr,
     "master_port": topo.master_port,
     "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+    "interface": topo.interface,
 }
 (out / f"rank{topo.rank}.json").write_text(json.dumps(record))
 for step in range(steps):
