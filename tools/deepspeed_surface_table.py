@@ -42,8 +42,7 @@ _ENGINE_ZERO_KEYS = (
     "the grad-norm switch, trace-cache warnings, leaf-module granularity: these features are not in ds"
 )
 _ENGINE_OTHER_KEYS = (
-    "config keys and their objects ds-config does not take (communication_data_type, checkpoint "
-    "serialization/writer, use_node_local_storage, load_universal_checkpoint, log_level, CPU-Adam core "
+    "config keys and their objects ds-config does not take (checkpoint serialization/writer, use_node_local_storage, load_universal_checkpoint, log_level, CPU-Adam core "
     "share, sanity checks, legacy fusion, managed gradient accumulation, DeepSpeed's swap-tensor object): "
     "not in ds"
 )
@@ -125,12 +124,6 @@ ENGINE_ABSENT: dict[str, str] = {
         "coalescing ZeRO gradient reduction across backward() calls: not in ds (engine.no_sync() keeps "
         "gradients local at ZeRO 0/1)"
     ),
-    _E + "scale": (
-        "scaling a loss for a manual loss.backward(): not in ds (engine.backward(loss) scales the loss)"
-    ),
-    _E + "get_wall_clock_timers": (
-        "the snapshot dict of DeepSpeed's engine timers: ds's timers are engine.timers (ds_engine._timers)"
-    ),
     _E + "collect_python_gc": "DeepSpeed's Python GC manager: not in ds",
     _E + "get_optimizer_configuration": (
         "DeepSpeed's choice of its own Adam implementation from the optimizer params: ds-optim builds the "
@@ -152,7 +145,7 @@ ENGINE_ABSENT: dict[str, str] = {
         [
             _E + n
             for n in (
-                "communication_data_type checkpoint_serialization_enabled checkpoint_writer_enabled "
+                "checkpoint_serialization_enabled checkpoint_writer_enabled "
                 "use_node_local_storage load_universal_checkpoint log_level cpuadam_cores_perc "
                 "is_sanity_checks_enabled optimizer_legacy_fusion managed_gradient_accumulation swap_tensor_config"
             ).split()
@@ -182,7 +175,6 @@ ABSENT: dict[str, str] = {
     "deepspeed.git_version_info_installed": "a file DeepSpeed's build writes; ds's deepspeed.git_version_info holds the values",
     "deepspeed.compat": _INTERNAL,
     "deepspeed.DeepSpeedDataLoader": "DeepSpeed's data loader class: ds's engine builds a torch DataLoader (engine.deepspeed_io)",
-    "deepspeed.tp_model_init": _TP,
     "deepspeed.set_autotp_mode": _TP,
     "deepspeed.record_tp_model_init_args": _TP,
     "deepspeed.merge_tp_model_init_into_config": _TP,
@@ -225,6 +217,10 @@ ABSENT: dict[str, str] = {
     "deepspeed.ops.lamb.fused_lamb": "the module of DeepSpeed's CUDA LAMB: the class is deepspeed.ops.lamb.FusedLamb (ds-optim)",
     "deepspeed.ops.lion": "the Lion optimizer's kernel modules: ds has no Lion (deepspeed.ops.lion's classes are not available)",
     "deepspeed.accelerator": _ACCEL,
+    "deepspeed.accelerator.real_accelerator": (
+        "the module's globals (supported-device list, cached accelerator, its logger, base-class aliases): ds "
+        "supports cpu and cuda; get_accelerator, set_accelerator and is_current_accelerator_supported are provided"
+    ),
     "deepspeed.pipe": _PIPE,
     "deepspeed.runtime.pipe": _PIPE,
     "deepspeed.moe": _MOE,
@@ -325,7 +321,11 @@ ABSENT: dict[str, str] = {
         "memory, bwc shims): the helpers code calls (logger, log_dist, groups, safe_get_*, zero_to_fp32, numa, "
         "torch) are provided"
     ),
-    "deepspeed.utils.groups": "model/tensor/expert parallel groups' setters: ds is data parallel only (the getters answer 1 / this rank)",
+    "deepspeed.utils.groups": (
+        "the model/tensor-parallel setters and the module's globals (mpu, mesh_device, "
+        "expert_tensor_parallel_world_size): ds is data parallel only (the getters answer: the data-parallel "
+        "group is the world, model/tensor-parallel size 1 and rank 0)"
+    ),
     "deepspeed.utils.logging": _INTERNAL,
     "deepspeed.utils.z3_leaf_module": "ZeRO-3 leaf modules: not in ds (the functions Accelerate calls are not available)",
     "deepspeed.utils.zero_to_fp32": (
@@ -387,9 +387,9 @@ DIFFERS: dict[str, str] = {
         "ds's init_distributed (ds-launch) lacks dist_init_required, config, rank, world_size: rank and world "
         "size come from the launcher's environment"
     ),
-    "deepspeed.comm.allgather_fn": "no debug argument (DeepSpeed's comms logger is not in ds)",
-    "deepspeed.comm.reduce_scatter_fn": "no prof/debug arguments (DeepSpeed's comms logger is not in ds)",
-    "deepspeed.comm.get_global_rank": "group and group_rank are required, as in torch.distributed.get_global_rank",
+    "deepspeed.comm.comm.allgather_fn": "no debug argument (DeepSpeed's comms logger is not in ds)",
+    "deepspeed.comm.comm.reduce_scatter_fn": "no prof/debug arguments (DeepSpeed's comms logger is not in ds)",
+    "deepspeed.comm.comm.get_global_rank": "group and group_rank are required, as in torch.distributed.get_global_rank",
     "deepspeed.checkpoint.DeepSpeedCheckpoint": (
         "ds_checkpoint.DeepSpeedCheckpoint is ds's reader of DeepSpeed checkpoints for import (path, ...), not "
         "DeepSpeed's 3D reshaping view (dir, tp_degree, pp_degree, dp_degree)"

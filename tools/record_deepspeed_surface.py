@@ -55,6 +55,16 @@ PRIVATE = {
     "deepspeed.utils.zero_to_fp32": ["_get_fp32_state_dict_from_zero_checkpoint"],
     # DeepSpeed's unit tests and user code skip what the machine cannot run: deepspeed.ops.__compatible_ops__[NAME]
     "deepspeed.ops": ["__compatible_ops__"],
+    # transformers' and Accelerate's sequence-parallel loss (the first); Megatron-DeepSpeed and DeepSpeed's own
+    # engine (the data-parallel getters, which answer where the public ones assert)
+    "deepspeed.utils.groups": [
+        "_get_sequence_parallel_group",
+        "_get_data_parallel_group",
+        "_get_data_parallel_world_size",
+        "_get_data_parallel_rank",
+        "_get_model_parallel_world_size",
+        "_get_broadcast_src_rank",
+    ],
 }
 # Calls whose results code depends on (path, args): recorded as the value returned or the exception's class,
 # compared by packages/deepspeed/tests/test_surface_behaviour.py.

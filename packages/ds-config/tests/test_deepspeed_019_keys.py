@@ -94,3 +94,15 @@ def test_every_accepted_019_key_has_a_no_effect_reason():
     table = compat_no_effect()
     assert "flops_profiler.profile_step" in table and "fp16.fp16_master_weights_and_grads" in table
     assert all("tensorboard" not in k and "csv_monitor" not in k for k in table)  # those two work
+
+
+@pytest.mark.parametrize("value", ["sum", "SUM"])
+def test_gradient_allreduce_op_sum_says_exactly_what_to_use(value):
+    # DeepSpeed 0.19.8 accepts "sum" (summed, not averaged, data-parallel gradients; refused at stage 3);
+    # ds averages only, and the error gives the one-line equivalent
+    with pytest.raises(ConfigError, match="gradient_allreduce_op") as info:
+        load_config({**BASE, "gradient_allreduce_op": value})
+    message = str(info.value)
+    assert "summed, not averaged" in message and "remove the key to average" in message
+    assert "engine.backward(loss * deepspeed.comm.get_world_size())" in message
+    assert load_config({**BASE, "gradient_allreduce_op": "MEAN"}).gradient_allreduce_op == "mean"

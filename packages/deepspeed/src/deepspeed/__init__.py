@@ -40,6 +40,7 @@ IMPLEMENTATION = f"ds {ds_engine.__version__} (DeepSpeed {DEEPSPEED_API_VERSION}
 _shadow.warn_conflicts()
 
 from ds_engine._missing import missing_class as _missing_class  # noqa: E402
+from ds_engine._missing import missing_function as _missing_function  # noqa: E402
 
 from deepspeed import accelerator, checkpoint, comm, launcher, moe, ops, pipe, runtime, utils  # noqa: E402
 from deepspeed import constants as constants  # noqa: E402
@@ -93,6 +94,14 @@ DeepSpeedTransformerConfig = _missing_class(
     "DeepSpeedTransformerConfig",
     "DeepSpeed's fused transformer kernels (deepspeed.ops.transformer)",
     "Use a torch transformer layer.",
+)
+
+# transformers calls it when a model is loaded with tp_size > 1
+tp_model_init = _missing_function(
+    __name__,
+    "tp_model_init",
+    "AutoTP tensor parallelism (deepspeed.tp_model_init)",
+    "ds is data parallel only: load the model without tp_size (use ZeRO-3 to shard it).",
 )
 
 _announced = False
@@ -208,6 +217,7 @@ __all__ = [
     "ops",
     "pipe",
     "runtime",
+    "tp_model_init",
     "utils",
     "zero",
 ]

@@ -1,6 +1,7 @@
 """DeepSpeed's ``deepspeed.constants``: the distributed defaults DeepSpeed's launcher and comm use."""
 
-TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+from ds_engine.comm import TORCH_DISTRIBUTED_DEFAULT_PORT
+
 CROSS_RANK = "CROSS_RANK"
 CROSS_SIZE = "CROSS_SIZE"
 LOCAL_RANK = "LOCAL_RANK"

@@ -169,17 +169,18 @@ class HybridEngineConfig(_EnabledOnly):
     FEATURE = "the RLHF hybrid engine (hybrid_engine)"
 
 
-def only_default(default: Any, feature: str) -> AfterValidator:
+def only_default(default: Any, feature: str, instead: str = "remove the key") -> AfterValidator:
     """A validator for a DeepSpeed key that ds accepts only at DeepSpeed's default value.
 
-    The message names the feature the other value would ask for, so the user knows what ds lacks.
+    The message names the feature the other value would ask for, so the user knows what ds lacks, and
+    ``instead``: what to do (by default, remove the key).
     """
 
     def check(value: Any) -> Any:
         if value != default:
             raise ValueError(
                 f"{feature} is not available in ds; only the DeepSpeed default {json.dumps(default)} is accepted "
-                "(remove the key)"
+                f"({instead})"
             )
         return value
 

@@ -728,7 +728,12 @@ class DSConfig(_Section):
     )
     gradient_allreduce_op: Annotated[
         Literal["mean", "sum"],
-        only_default("mean", "gradient_allreduce_op: sum (summed, not averaged, gradients)"),
+        only_default(
+            "mean",
+            "gradient_allreduce_op: sum (summed, not averaged, gradients)",
+            "remove the key to average; for DeepSpeed's summed gradients multiply the loss by the "
+            "data-parallel world size instead: engine.backward(loss * deepspeed.comm.get_world_size())",
+        ),
     ] = Field(
         "mean",
         description=(

@@ -20,6 +20,7 @@ from ds_engine._assemble import Parts
 from ds_engine._data import build_dataloader
 from ds_engine._getters import ConfigGetters
 from ds_engine._key_getters import KeyGetters
+from ds_engine._missing import missing_function
 from ds_engine._monitor import Monitor
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
 
@@ -171,6 +172,17 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                         self.optimizer.gradients_reduced()
         return loss / gas if scale_wrt_gas else loss
 
+    # DeepSpeed 0.19.8's torch-style backward: ``engine.scale(loss).backward()`` (or a direct
+    # ``loss.backward()``) with the reduction run by hooks at the end of autograd's pass. ds reduces inside
+    # ``engine.backward`` only, so a scaled loss handed back for a manual backward would step on unreduced
+    # gradients: refused, naming the feature.
+    scale = missing_function(
+        "deepspeed.runtime.engine.DeepSpeedEngine",
+        "scale",
+        "DeepSpeed's torch-style backward (engine.scale(loss).backward(), a direct loss.backward())",
+        "Call engine.backward(loss): it scales the loss (fp16), backpropagates and reduces the gradients.",
+    )
+
     def step(self) -> None:
         """One micro-step; at a boundary: optimizer step, LR step (unless skipped), counters, logging."""
         if self._inside_no_sync:
@@ -184,7 +196,8 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                 "rank would apply its own; run the boundary backward outside no_sync() (it reduces what "
                 "accumulated), then step()"
             )
-        if self.is_gradient_accumulation_boundary():
+        boundary = self.is_gradient_accumulation_boundary()
+        if boundary:
             with self.timers.time(STEP):
                 if hasattr(self.optimizer, "grads_replicated"):
                     self.optimizer.grads_replicated = self._grads_replicated()
@@ -199,8 +212,16 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
             self._write_step_events()
+        self.timers.end_micro_step(boundary)
+        if boundary:
             self._report()
         self.micro_steps += 1
+
+    def get_wall_clock_timers(self) -> dict[str, float]:
+        """With ``wall_clock_breakdown``: milliseconds per timer as of the last ``step()`` (DeepSpeed's names:
+        ``fwd``/``bwd``/``bwd_inner``/``bwd_allreduce``/``step`` since the last accumulation boundary, each
+        with ``_microstep`` for that micro-step alone); ``{}`` without it."""
+        return dict(self.timers.snapshot)
 
     def empty_partition_cache(self) -> None:
         """Free stage 3's gathered parameter copies not in use (DeepSpeed's name); nothing to free below stage 3."""

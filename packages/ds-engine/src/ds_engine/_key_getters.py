@@ -107,6 +107,21 @@ class KeyGetters:
     def bf16_optimizer_states(self) -> bool:
         return self.ds_config.bf16.bf16_optimizer_states
 
+    # ------------------------------------------------------------------ communication
+    @property
+    def communication_data_type(self) -> torch.dtype:
+        """The dtype data-parallel gradients are reduced in, as DeepSpeed's property reports it: fp16 with
+        fp16, bf16 with bf16, else fp32; float32 with ``fp32_allreduce``, ds's key for fp32 reductions
+        (ds-config refuses DeepSpeed's ``communication_data_type`` key, naming that one)."""
+        c = self.ds_config
+        if c.fp32_allreduce:
+            return torch.float32
+        if c.fp16.enabled:
+            return torch.float16
+        if c.bf16.enabled:
+            return torch.bfloat16
+        return torch.float32
+
     # ------------------------------------------------------------------ data, batch, ranks
     def dataloader_drop_last(self) -> bool:
         return self.ds_config.dataloader_drop_last

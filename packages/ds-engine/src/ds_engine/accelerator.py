@@ -12,6 +12,7 @@ CUDA, "gloo" on CPU; DeepSpeed's CPU accelerator says "ccl", which needs oneCCL 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,7 +20,15 @@ from typing import Any
 import torch
 from ds_launch import discover_from_env
 
-__all__ = ["Accelerator", "get_accelerator", "set_accelerator", "is_current_accelerator_supported"]
+from ds_engine.abstract_accelerator import DeepSpeedAccelerator
+
+__all__ = [
+    "Accelerator",
+    "DeepSpeedAccelerator",
+    "get_accelerator",
+    "is_current_accelerator_supported",
+    "set_accelerator",
+]
 
 _SUPPORTED = ("cuda", "cpu")
 
@@ -70,10 +79,11 @@ class _NullEvent:
         return (end._time_s - self._time_s) * 1e3
 
 
-class Accelerator:
+class Accelerator(DeepSpeedAccelerator):
     """DeepSpeed's accelerator interface over one torch device type (``"cuda"`` or ``"cpu"``)."""
 
     def __init__(self, name: str) -> None:
+        super().__init__()
         if name not in _SUPPORTED:
             raise ValueError(
                 f"accelerator {name!r} is not supported by ds; use one of {', '.join(_SUPPORTED)} "
@@ -81,6 +91,7 @@ class Accelerator:
             )
         self._name = name
         self._cuda = name == "cuda"
+        self._communication_backend_name = self.communication_backend_name()
         self._compile_backend = "inductor"
 
     def __repr__(self) -> str:
@@ -196,11 +207,11 @@ class Accelerator:
     def default_stream(self, device_index: int | None = None) -> Any:
         return torch.cuda.default_stream(device_index) if self._cuda else _NullStream()
 
-    def range_push(self, msg: str) -> None:
+    def range_push(self, msg: str, domain: Any = None, category: Any = None) -> None:
         if self._cuda:
             torch.cuda.nvtx.range_push(msg)
 
-    def range_pop(self) -> None:
+    def range_pop(self, domain: Any = None) -> None:
         if self._cuda:
             torch.cuda.nvtx.range_pop()
 
@@ -254,9 +265,24 @@ class Accelerator:
             return int(free)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
-    def pin_memory(self, tensor: torch.Tensor, align_bytes: int = 1) -> torch.Tensor:
-        """Page-locked copy when CUDA exists (it speeds host<->device copies); the tensor itself on CPU."""
+    def pin_memory(
+        self, tensor: torch.Tensor, make_copy: bool = True, match_shape: bool = True
+    ) -> torch.Tensor:
+        """Page-locked copy when CUDA exists (it speeds host<->device copies); the tensor itself on CPU.
+        ``make_copy=False``: a fresh pinned buffer of the tensor's shape (flat without ``match_shape``)."""
+        if not make_copy:
+            shape = tensor.shape if match_shape else (tensor.numel(),)
+            return self.pin_empty(shape, dtype=tensor.dtype)
         return tensor.pin_memory() if self._cuda else tensor
+
+    def pin_empty(self, *size: Any, dtype: torch.dtype, device: Any = "cpu") -> torch.Tensor:
+        """An uninitialised host tensor, page-locked when CUDA exists."""
+        if self._cuda:
+            return super().pin_empty(*size, dtype=dtype, device=device)
+        if torch.device(device).type != "cpu":
+            raise ValueError(f"pin_empty allocates host memory; device must be cpu, got {device!r}")
+        shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else size
+        return torch.empty(shape, dtype=dtype)
 
     def is_pinned(self, tensor: torch.Tensor) -> bool:
         return tensor.is_pinned() if self._cuda else False
@@ -279,6 +305,28 @@ class Accelerator:
     def amp(self) -> Any:
         return torch.amp
 
+    def _tensor_of(self, dtype: torch.dtype) -> Any:
+        return functools.partial(torch.tensor, dtype=dtype, device=self._name)
+
+    BFloat16Tensor = property(lambda self: self._tensor_of(torch.bfloat16))
+    ByteTensor = property(lambda self: self._tensor_of(torch.uint8))
+    DoubleTensor = property(lambda self: self._tensor_of(torch.float64))
+    FloatTensor = property(lambda self: self._tensor_of(torch.float32))
+    HalfTensor = property(lambda self: self._tensor_of(torch.float16))
+    IntTensor = property(lambda self: self._tensor_of(torch.int32))
+    LongTensor = property(lambda self: self._tensor_of(torch.int64))
+
+    # ------------------------------------------------------------------ graphs (CUDA graphs; none on the CPU)
+    def create_graph(self) -> Any:
+        return torch.cuda.CUDAGraph() if self._cuda else None
+
+    def capture_to_graph(self, graph: Any, pool: Any = None, stream: Any = None) -> Any:
+        return torch.cuda.graph(graph, pool, stream) if self._cuda else contextlib.nullcontext()
+
+    def replay_graph(self, graph: Any) -> None:
+        if self._cuda:
+            graph.replay()
+
     # ------------------------------------------------------------------ compile
     def get_compile_backend(self) -> str:
         return self._compile_backend
@@ -295,6 +343,16 @@ class Accelerator:
 
     get_op_builder = create_op_builder
 
+    def op_builder_dir(self) -> str:
+        """Where the builder classes live: ds's are all in ``deepspeed.ops.op_builder``."""
+        return "deepspeed.ops.op_builder"
+
+    def build_extension(self) -> Any:
+        """torch's ``BuildExtension``, for a project's own setup.py (ds builds no DeepSpeed ops)."""
+        from torch.utils.cpp_extension import BuildExtension
+
+        return BuildExtension
+
 
 _current: Accelerator | None = None
 
@@ -308,9 +366,14 @@ def get_accelerator() -> Accelerator:
     return _current
 
 
-def set_accelerator(accel_obj: Accelerator) -> None:
-    """Use ``accel_obj`` from now on (DeepSpeed's override hook)."""
+def set_accelerator(accel_obj: DeepSpeedAccelerator) -> None:
+    """Use ``accel_obj`` from now on (DeepSpeed's override hook); it must be a DeepSpeedAccelerator."""
     global _current
+    if not isinstance(accel_obj, DeepSpeedAccelerator):
+        raise TypeError(
+            f"set_accelerator: {type(accel_obj).__name__} accelerator is not subclass of DeepSpeedAccelerator "
+            "(deepspeed.accelerator.DeepSpeedAccelerator); subclass it, or use get_accelerator()'s"
+        )
     _current = accel_obj
 
 

@@ -5,6 +5,9 @@ so the collectives here *are* torch's (no wrapper, no second implementation). Wh
 ``init_distributed`` joins the job however it was launched (``ds_launch``); ``get_rank`` /
 ``get_world_size`` answer 0 / 1 before initialisation, as DeepSpeed's do when no group exists;
 ``get_local_rank`` reads ``LOCAL_RANK``, which ``ds_launch`` keeps true under every launcher.
+``P2POp`` is torch's (its ``op`` is ``isend`` / ``irecv``, which are torch's too), so a list of them goes
+to torch's ``batch_isend_irecv`` as DeepSpeed's does to its own; ``all_gather_coalesced`` gathers a list
+of tensors on every backend (DeepSpeed's needs torch's coalescing manager, which gloo lacks).
 DeepSpeed's comms logger (``comms_logger`` in the config) is not provided: ``log_summary`` says so.
 """
 
@@ -15,6 +18,7 @@ from typing import Any
 
 import torch.distributed as _dist
 from torch.distributed import (
+    P2POp,
     ReduceOp,
     all_gather,
     all_gather_into_tensor,
@@ -46,8 +50,12 @@ from torch.distributed import (
 from ds_engine._dist import init_distributed
 
 __all__ = [
+    "P2POp",
+    "ProcessGroup",
     "ReduceOp",
+    "TORCH_DISTRIBUTED_DEFAULT_PORT",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
     "all_gather_object",
     "all_reduce",
@@ -85,6 +93,55 @@ __all__ = [
     "scatter",
     "send",
 ]
+
+# DeepSpeed's default rendezvous port (deepspeed.constants re-exports it)
+TORCH_DISTRIBUTED_DEFAULT_PORT = 29500
+
+
+class ProcessGroup:
+    """DeepSpeed's ``deepspeed.comm.ProcessGroup``: a record of a group's id and ranks (``size`` is their
+    count). It is not a torch group: collectives take torch's groups (``new_group``)."""
+
+    def __init__(self, comm_id: Any, ranks: list[int] = []) -> None:  # noqa: B006 - DeepSpeed's default
+        self.ranks = ranks
+        self.comm_id = comm_id
+        self.size = len(ranks)
+
+
+class _AllWorks:
+    """The handles of several asynchronous collectives, waited on as one."""
+
+    def __init__(self, works: list[Any]) -> None:
+        self.works = works
+
+    def wait(self) -> bool:
+        for work in self.works:
+            work.wait()
+        return True
+
+    def is_completed(self) -> bool:
+        return all(work.is_completed() for work in self.works)
+
+
+def all_gather_coalesced(
+    output_tensors: list[Any], input_tensors: list[Any], group: Any = None, async_op: bool = False
+) -> Any:
+    """Gather each ``input_tensors[i]`` of every rank into ``output_tensors[i]`` (rank-major, as
+    ``all_gather_into_tensor``). Launched together; returns one handle for all with ``async_op``, else None."""
+    if len(output_tensors) != len(input_tensors):
+        raise ValueError(
+            f"all_gather_coalesced: {len(output_tensors)} output tensors for {len(input_tensors)} inputs; "
+            "pass one output (world size x the input's numel) per input"
+        )
+    works = [
+        all_gather_into_tensor(out, inp, group=group, async_op=True)
+        for out, inp in zip(output_tensors, input_tensors)
+    ]
+    handle = _AllWorks(works)
+    if async_op:
+        return handle
+    handle.wait()
+    return None
 
 
 def is_initialized() -> bool:

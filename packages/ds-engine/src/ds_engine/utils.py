@@ -1,4 +1,6 @@
-"""DeepSpeed's ``deepspeed.utils``: ``logger``, ``log_dist``, ``RepeatingLoader``, the ``safe_get_*`` family.
+"""DeepSpeed's ``deepspeed.utils``: ``logger``, ``log_dist``, ``RepeatingLoader``, the ``safe_get_*`` family;
+and the ``deepspeed.runtime.utils`` helpers user code calls (``see_memory_usage``, ``move_to_device``,
+``set_random_seed``, ``ensure_directory_exists``, ``empty_cache``).
 
 ``logger`` is the ``ds_engine`` logger the engine itself writes to, so a script's messages and the
 engine's arrive in one stream with one format.
@@ -9,13 +11,26 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import random
 from typing import Any
 
 from ds_engine import _safe_get, comm
 from ds_engine._data import RepeatingLoader
 from ds_engine._safe_get import *  # noqa: F403 (the safe_get_* / safe_set_* family, listed in its __all__)
 
-__all__ = ["RepeatingLoader", "log_dist", "logger", "print_json_dist", "see_memory_usage", *_safe_get.__all__]
+__all__ = [
+    "RepeatingLoader",
+    "empty_cache",
+    "ensure_directory_exists",
+    "log_dist",
+    "logger",
+    "move_to_device",
+    "print_json_dist",
+    "see_memory_usage",
+    "set_random_seed",
+    *_safe_get.__all__,
+]
 
 logger = logging.getLogger("ds_engine")
 
@@ -77,3 +92,47 @@ def see_memory_usage(message: str, force: bool = False) -> None:
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+
+
+def move_to_device(item: Any, device: Any, criterion_func: Any = None) -> Any:
+    """``item`` (a tensor, or lists/tuples/dicts of them, nested) on ``device``, as DeepSpeed's: containers are
+    rebuilt, a tensor is ``.to(device)``; one that ``criterion_func`` accepts is moved in place (its ``.data``
+    replaced, so the same object, a parameter too, now lives on ``device``) and returned."""
+    if criterion_func is not None and criterion_func(item):
+        item.data = item.to(device).data
+        return item
+    if isinstance(item, list):
+        return [move_to_device(v, device, criterion_func) for v in item]
+    if isinstance(item, tuple):
+        return tuple(move_to_device(v, device, criterion_func) for v in item)
+    if isinstance(item, dict):
+        return {k: move_to_device(v, device, criterion_func) for k, v in item.items()}
+    return item.to(device)
+
+
+def set_random_seed(seed: int) -> None:
+    """Seed Python's ``random``, NumPy's global generator (seed mod 2**32; when NumPy is installed) and torch
+    (seed mod 2**63), as DeepSpeed's."""
+    import torch
+
+    random.seed(seed)
+    try:
+        import numpy
+    except ImportError:  # nothing of NumPy's to seed
+        pass
+    else:
+        numpy.random.seed(seed % (2**32))
+    torch.manual_seed(seed % (2**63))
+
+
+def ensure_directory_exists(filename: str) -> None:
+    """Create the directory ``filename`` is in (and its parents) if it does not exist."""
+    os.makedirs(os.path.dirname(filename), exist_ok=True)
+
+
+def empty_cache() -> None:
+    """Free the accelerator's cached memory and reset its peak statistics (nothing to do on the CPU)."""
+    from ds_engine.accelerator import get_accelerator
+
+    get_accelerator().empty_cache()
+    get_accelerator().reset_peak_memory_stats()

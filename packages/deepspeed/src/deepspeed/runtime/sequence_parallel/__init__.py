@@ -1,0 +1,1 @@
+"""DeepSpeed's ``deepspeed.runtime.sequence_parallel``: sequence parallelism is not in ds (see ``ulysses_sp``)."""
