@@ -11,7 +11,8 @@ in a fresh directory) the return value of every call, whether the data read back
 and the size of every file afterwards. A call that raises is recorded as ``{"raises": class name}``. Each case
 runs in its own process: a failed C++ assertion in the op aborts the process (recorded as ``"aborted"``:
 the signal, and the calls that returned before it), and the op's own messages (printed to stdout by its C++
-code) are recorded too.
+code) are recorded too. Also recorded (``stage12_nvme``): what DeepSpeed does with
+``offload_optimizer.device: "nvme"`` at ZeRO stages 1 and 2 (ds-config refuses it there).
 """
 
 from __future__ import annotations
@@ -94,6 +95,49 @@ def _run_case(op, kwargs: dict, calls: list) -> dict:
     return out
 
 
+def _stage12_nvme() -> dict:
+    """What DeepSpeed does with ``offload_optimizer.device: "nvme"`` at stages 1 and 2: one step of a small
+    model; recorded: the engine's offload getters, where the Adam state lives, the files under nvme_path."""
+    import deepspeed
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29571", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    deepspeed.init_distributed()
+    out = {}
+    for stage in (1, 2):
+        with tempfile.TemporaryDirectory() as d:
+            cfg = {
+                "train_micro_batch_size_per_gpu": 2,
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                "zero_optimization": {
+                    "stage": stage,
+                    "offload_optimizer": {"device": "nvme", "nvme_path": d},
+                },
+            }
+            torch.manual_seed(0)
+            model = torch.nn.Linear(8, 4)
+            engine, *_ = deepspeed.initialize(model=model, config=cfg)
+            loss = engine(torch.randn(2, 8)).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            opt = engine.optimizer
+            states = [
+                t
+                for st in opt.optimizer.state.values()
+                for t in st.values()
+                if torch.is_tensor(t) and t.dim()
+            ]
+            out[f"stage{stage}"] = {
+                "zero_cpu_offload": engine.zero_cpu_offload(),
+                "zero_nvme_offload_optimizer": engine.zero_nvme_offload_optimizer(),
+                "optimizer_cpu_offload": getattr(opt, "cpu_offload", None),
+                "inner_optimizer": type(opt.optimizer).__name__,
+                "state_devices": sorted({str(t.device) for t in states}),
+                "files_under_nvme_path": sorted(str(p.relative_to(d)) for p in Path(d).rglob("*")),
+            }
+    return out
+
+
 def _case_in_subprocess(name: str) -> dict:
     res = subprocess.run([sys.executable, __file__, name], capture_output=True, text=True, timeout=300)
     lines = res.stdout.splitlines()
@@ -113,6 +157,9 @@ def main() -> None:
 
     builder = AsyncIOBuilder()
     op = builder.load(verbose=False)
+    if sys.argv[1:] == ["stage12"]:
+        print("RESULT " + json.dumps(_stage12_nvme()), flush=True)
+        return
     if len(sys.argv) > 1:  # one case, in this process
         name = sys.argv[1]
         kwargs, calls = next((k, c) for n, k, c in CASES if n == name)
@@ -123,6 +170,7 @@ def main() -> None:
         "is_compatible": builder.is_compatible(),
         "op_names": sorted(n for n in dir(op) if not n.startswith("_")),
         "cases": {name: _case_in_subprocess(name) for name, _, _ in CASES},
+        "stage12_nvme": _case_in_subprocess("stage12"),
     }
     OUT.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(json.dumps(record, indent=1))

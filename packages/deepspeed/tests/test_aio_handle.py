@@ -73,3 +73,24 @@ def test_locked_tensors_are_aligned_and_known(tmp_path):
     assert t.dtype == torch.bfloat16 and t.numel() == 1000 and t.data_ptr() % 4096 == 0
     assert h.is_pinned(t) and not h.is_pinned(torch.empty(10))
     assert h.free_cpu_locked_tensor(t) and not h.is_pinned(t)
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_nvme_optimizer_offload_below_stage_3_is_refused_as_deepspeed_makes_it_cpu(stage, tmp_path):
+    """DeepSpeed 0.19.8 at stages 1/2 steps the 'nvme' state with DeepSpeedCPUAdam in CPU memory and writes no
+    file under nvme_path (recorded); ds refuses the config, saying so, instead of doing the same silently."""
+    seen = RECORD["stage12_nvme"][f"stage{stage}"]
+    assert seen["optimizer_cpu_offload"] and seen["state_devices"] == ["cpu"]
+    assert seen["files_under_nvme_path"] == [] and not seen["zero_nvme_offload_optimizer"]
+    from ds_config import ConfigError, load_config
+
+    cfg = {
+        "train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "zero_optimization": {
+            "stage": stage,
+            "offload_optimizer": {"device": "nvme", "nvme_path": str(tmp_path)},
+        },
+    }
+    with pytest.raises(ConfigError, match="CPU memory, as DeepSpeed does silently"):
+        load_config(cfg)
