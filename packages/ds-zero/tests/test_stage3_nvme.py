@@ -148,6 +148,8 @@ def test_buffer_count_and_pipelines(run):
         plain, piped = r["runs"]["float32/plain"], r["runs"]["float32/pipelined"]
         assert plain["buffers_allocated"] == 1 and piped["buffers_allocated"] == 3
         assert plain["reads_ahead"] == 0 and piped["reads_ahead"] > 0, "pipeline_read reads ahead"
+        # pipeline_read: each of the 3 steps issues its first sub-groups' reads (one per buffer) before the norm
+        assert plain["prefetched"] == 0 and piped["prefetched"] == 3 * min(3, piped["views"])
         assert plain["writes_deferred"] == 0
         assert piped["writes_deferred"] == 2 * piped["views"], (
             "pipeline_write: every write after the first step"

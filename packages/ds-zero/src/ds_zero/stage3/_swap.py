@@ -131,6 +131,7 @@ class OptimizerSwap:
         self.numels = [b[-1][1] if b else 0 for b in self.bounds]
         self.buffers_allocated = 0  # observed by the tests: never above buffer_count
         self.reads_ahead = 0  # reads issued before the previous sub-group's step (pipeline_read)
+        self.prefetched = 0  # of which issued by prefetch(), before the step's gradient norm
         self.writes_deferred = 0  # writes left in flight past their sub-group's step (pipeline_write)
         self.trace: list[tuple[str, float, float, int]] | None = None  # a list: the update's intervals
         self._free: list[torch.Tensor] = []
@@ -257,6 +258,7 @@ class OptimizerSwap:
             buf = self._take_buffer(writes)
             self._ahead[i] = (buf, self._read(buf, *order[i]))
             self.reads_ahead += 1
+            self.prefetched += 1
 
     def _drop_ahead(self) -> None:
         """Prefetched reads are of the files as they were: dropped (waited, buffers freed) before a change."""
