@@ -176,7 +176,7 @@ def test_compatible_ops_answer_for_ds():
 
     ops = deepspeed.ops.__compatible_ops__
     assert set(ops) >= {b.NAME for b in ALL_OPS.values()}
-    assert ops["cpu_adam"] and not ops["async_io"]
+    assert ops["cpu_adam"] and ops["async_io"] and not ops["gds"]
 
 
 def test_see_memory_usage_prints_only_when_forced(capsys):

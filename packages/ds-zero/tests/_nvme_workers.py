@@ -68,6 +68,7 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
                 "bytes_written": stats.bytes_written,
                 "buffers_allocated": swap.buffers_allocated,
                 "reads_ahead": swap.reads_ahead,
+                "prefetched": swap.prefetched,
                 "writes_deferred": swap.writes_deferred,
                 "views": sum(len(vs) for vs in swap.views),
             }

@@ -65,17 +65,28 @@ def test_block_size_is_the_request_size(tmp_path, block):
 
 @pytest.mark.parametrize("depth,threads", [(1, 1), (2, 1), (2, 3)])
 def test_queue_depth_and_thread_count_bound_the_requests_in_flight(tmp_path, quiet_gil, depth, threads):
+    """thread_count x queue_depth chunks inside a system call at once (DeepSpeed's threads x libaio depth)."""
     io = _io(block_size=64 * 1024, queue_depth=depth, thread_count=threads)
     io.write(str(tmp_path / "f"), 0, _data(8 * MIB)).wait()
     assert io.stats.peak_in_flight == depth * threads
-    assert len(io.stats.threads) <= threads
+    assert len(io.stats.threads) <= depth * threads
     io.close()
 
 
-def test_thread_count_is_the_number_of_workers(tmp_path, quiet_gil):
-    io = _io(block_size=64 * 1024, queue_depth=4, thread_count=4)
+def test_workers_are_thread_count_times_queue_depth(tmp_path, quiet_gil):
+    io = _io(block_size=64 * 1024, queue_depth=2, thread_count=2)
     io.write(str(tmp_path / "f"), 0, _data(8 * MIB)).wait()
     assert len(io.stats.threads) == 4
+    io.close()
+
+
+def test_submission_does_not_wait_for_the_queue(tmp_path, quiet_gil):
+    """More chunks than workers: the caller gets its handle at once, the rest wait in the pool's queue."""
+    io = _io(block_size=64 * 1024, queue_depth=1, thread_count=1)
+    handle = io.write(str(tmp_path / "f"), 0, _data(8 * MIB))
+    assert io.stats.queued > 1, "the caller was held until the chunks ahead of its last one completed"
+    handle.wait()
+    assert io.stats.queued == 0 and io.stats.peak_queued == 128
     io.close()
 
 
@@ -137,6 +148,8 @@ def test_buffer_count_and_pipelines(run):
         plain, piped = r["runs"]["float32/plain"], r["runs"]["float32/pipelined"]
         assert plain["buffers_allocated"] == 1 and piped["buffers_allocated"] == 3
         assert plain["reads_ahead"] == 0 and piped["reads_ahead"] > 0, "pipeline_read reads ahead"
+        # pipeline_read: each of the 3 steps issues its first sub-groups' reads (one per buffer) before the norm
+        assert plain["prefetched"] == 0 and piped["prefetched"] == 3 * min(3, piped["views"])
         assert plain["writes_deferred"] == 0
         assert piped["writes_deferred"] == 2 * piped["views"], (
             "pipeline_write: every write after the first step"

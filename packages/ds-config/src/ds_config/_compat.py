@@ -201,7 +201,8 @@ class AioConfig(_CompatSection):
     queue_depth: JsonInt = Field(
         8,
         ge=1,
-        description="Requests in flight per I/O thread; a submission beyond that waits for one to complete.",
+        description="Requests in flight per I/O thread: ds runs thread_count x queue_depth workers, each with "
+        "one blocking read or write in the kernel; further requests queue without holding the caller.",
     )
     intra_op_parallelism: JsonInt = Field(
         1,

@@ -9,6 +9,7 @@ mpirun (``_mpi.py``), else over shared memory when the ranks share a host (``_sh
 ``_transport.py``; :func:`mpi_collective_calls` and :func:`shm_collective_calls` count them.
 """
 
+from ._aio import AioOptions, AsyncFileIO, IOHandle, aligned_empty
 from ._comm import AveragingRule
 from ._config_fields import CONFIG_FIELDS
 from ._errors import OptimizerStateKeyError, ZeroAssertionError, ZeroConfigError
@@ -38,6 +39,8 @@ def shm_collective_calls() -> int:
 
 
 __all__ = [
+    "AioOptions",
+    "AsyncFileIO",
     "AveragingRule",
     "BucketSchedule",
     "CONFIG_FIELDS",
@@ -45,6 +48,7 @@ __all__ = [
     "GatheredParameters",
     "GradientReducer",
     "GroupLayout",
+    "IOHandle",
     "LossScalerProtocol",
     "MemoryReport",
     "OptimizerStateKeyError",
@@ -58,6 +62,7 @@ __all__ = [
     "ZeroOptions",
     "ZeroStage3Optimizer",
     "__version__",
+    "aligned_empty",
     "mpi_collective_calls",
     "names_of",
     "optimizer_of",

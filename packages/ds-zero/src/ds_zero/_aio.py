@@ -9,16 +9,20 @@ back as cache pages in the process's memory cgroup.
 The ``aio`` section's keys act here, as their DeepSpeed names say:
 
 * ``block_size``: a request is cut into chunks of at most this many bytes; one chunk is one system call.
-* ``queue_depth``: at most ``queue_depth`` chunks per worker are submitted and not yet completed; a
-  submission beyond that waits for one to complete.
-* ``thread_count`` (``intra_op_parallelism`` when that is the one set): the number of worker threads.
+* ``thread_count`` (``intra_op_parallelism`` when that is the one set) and ``queue_depth``: DeepSpeed's
+  op runs ``thread_count`` threads, each keeping up to ``queue_depth`` chunks submitted to the kernel
+  (libaio). A ``preadv``/``pwritev`` is synchronous, so one chunk in the kernel is one blocked thread:
+  the pool has ``thread_count x queue_depth`` threads, and that many chunks are inside a system call at
+  once at most (``IOStats.peak_in_flight``), the device-side concurrency DeepSpeed's op reaches.
+  Submission never blocks the caller: chunks beyond that wait in the pool's queue (``IOStats.peak_queued``),
+  so a caller that issues reads ahead goes on computing while they are served.
 * ``single_submit``: a request's chunks are submitted one at a time (the next after the previous one
   completed) instead of all at once across the workers.
 * ``overlap_events``: submission returns at once and the caller waits on the handle later; when false,
   every read and write is complete when it returns (no I/O overlaps the caller's work).
 
-``IOStats`` counts what happened (bytes, calls, the peak of chunks in flight, the threads that did I/O):
-the tests observe each key through it.
+``IOStats`` counts what happened (bytes, calls, chunks queued and inside a system call at once, the
+threads that did I/O): the tests observe each key through it.
 """
 
 from __future__ import annotations
@@ -60,7 +64,9 @@ class IOStats:
     bytes_written: int = 0
     calls: int = 0  # system calls (chunks)
     direct_calls: int = 0  # of which through O_DIRECT
-    in_flight: int = 0
+    queued: int = 0  # chunks submitted and not completed
+    peak_queued: int = 0
+    in_flight: int = 0  # chunks inside a system call
     peak_in_flight: int = 0
     threads: set[int] = field(default_factory=set)
 
@@ -117,7 +123,7 @@ class _File:
 
 
 class AsyncFileIO:
-    """Reads and writes between tensors and files through a pool of ``thread_count`` workers."""
+    """Reads and writes between tensors and files through a pool of ``thread_count x queue_depth`` workers."""
 
     def __init__(self, options: AioOptions | None = None) -> None:
         self.options = o = options or AioOptions()
@@ -125,8 +131,8 @@ class AsyncFileIO:
             if getattr(o, name) < 1:
                 raise ValueError(f"aio.{name} must be >= 1, got {getattr(o, name)}")
         self.stats = IOStats()
-        self._pool = ThreadPoolExecutor(o.thread_count, thread_name_prefix="ds-aio")
-        self._slots = threading.BoundedSemaphore(o.queue_depth * o.thread_count)
+        self.workers = o.thread_count * o.queue_depth
+        self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="ds-aio")
         self._lock = threading.Lock()
         self._files: dict[str, _File] = {}
         self.trace: list[tuple[str, float, float, int]] | None = None  # set to a list: (kind, t0, t1, bytes)
@@ -163,64 +169,60 @@ class AsyncFileIO:
         o = self.options
         chunks = [(lo, min(lo + o.block_size, buf.nbytes)) for lo in range(0, buf.nbytes, o.block_size)]
         if o.single_submit:  # one request in flight at a time: its chunks in order on one worker
-            self._acquire()
+            self._queue(len(chunks))
             futures = [self._pool.submit(self._run_serial, f, buf, offset, chunks, write)]
         else:
-            futures = []
-            for lo, hi in chunks:
-                self._acquire()
-                futures.append(self._pool.submit(self._run_chunk, f, buf[lo:hi], offset + lo, write))
+            self._queue(len(chunks))
+            futures = [self._pool.submit(self._io, f, buf[lo:hi], offset + lo, write) for lo, hi in chunks]
         handle = IOHandle(futures)
         if not o.overlap_events:
             handle.wait()
         return handle
 
-    def _acquire(self) -> None:
-        self._slots.acquire()
+    def _queue(self, n: int) -> None:
         with self._lock:
-            self.stats.in_flight += 1
-            self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
-
-    def _release(self) -> None:
-        with self._lock:
-            self.stats.in_flight -= 1
-        self._slots.release()
+            self.stats.queued += n
+            self.stats.peak_queued = max(self.stats.peak_queued, self.stats.queued)
 
     def _run_serial(self, f: _File, buf, offset: int, chunks, write: bool) -> None:
-        try:
-            for lo, hi in chunks:
+        for i, (lo, hi) in enumerate(chunks):
+            try:
                 self._io(f, buf[lo:hi], offset + lo, write)
-        finally:
-            self._release()
-
-    def _run_chunk(self, f: _File, piece, offset: int, write: bool) -> None:
-        try:
-            self._io(f, piece, offset, write)
-        finally:
-            self._release()
+            except BaseException:
+                with self._lock:
+                    self.stats.queued -= len(chunks) - i - 1  # the chunks after a failed one never run
+                raise
 
     def _io(self, f: _File, piece, offset: int, write: bool) -> None:
         n = piece.nbytes
         aligned = f.dfd >= 0 and offset % ALIGN == 0 and n % ALIGN == 0 and piece.ctypes.data % ALIGN == 0
         fd = f.dfd if aligned else f.fd
+        with self._lock:
+            self.stats.in_flight += 1
+            self.stats.peak_in_flight = max(self.stats.peak_in_flight, self.stats.in_flight)
         t0 = time.perf_counter()
         done = 0
-        while done < n:
-            view = piece[done:]
-            got = os.pwritev(fd, [view], offset + done) if write else os.preadv(fd, [view], offset + done)
-            if got == 0:
-                if write:
-                    raise OSError(errno.ENOSPC, f"no space left writing {n - done} bytes", f.path)
-                raise OSError(errno.EIO, f"{f.path}: short read at offset {offset + done}")
-            done += got
-        with self._lock:
-            s = self.stats
-            s.calls += 1
-            s.direct_calls += aligned
-            s.threads.add(threading.get_ident())
-            if self.trace is not None:
-                self.trace.append(("write" if write else "read", t0, time.perf_counter(), n))
-            if write:
-                s.bytes_written += n
-            else:
-                s.bytes_read += n
+        try:
+            while done < n:
+                view = piece[done:]
+                got = os.pwritev(fd, [view], offset + done) if write else os.preadv(fd, [view], offset + done)
+                if got == 0:
+                    if write:
+                        raise OSError(errno.ENOSPC, f"no space left writing {n - done} bytes", f.path)
+                    raise OSError(errno.EIO, f"{f.path}: short read at offset {offset + done}")
+                done += got
+        finally:
+            with self._lock:
+                s = self.stats
+                s.in_flight -= 1
+                s.queued -= 1
+                if done == n:
+                    s.calls += 1
+                    s.direct_calls += aligned
+                    s.threads.add(threading.get_ident())
+                    if self.trace is not None:
+                        self.trace.append(("write" if write else "read", t0, time.perf_counter(), n))
+                    if write:
+                        s.bytes_written += n
+                    else:
+                        s.bytes_read += n

@@ -4,8 +4,10 @@ DeepSpeed compiles C++/CUDA ops (``CPUAdamBuilder().load()``); ds has no compile
 kernels are Python classes over torch's fused kernels and Numba (``deepspeed.ops.adam.DeepSpeedCPUAdam``,
 ``FusedAdam``, ``deepspeed.ops.lamb.FusedLamb``, ``deepspeed.ops.sparse_attention``). So a builder's
 ``is_compatible()`` is True exactly when the feature its op backs is usable in ds through those classes
-(code uses it to choose them), and ``load()`` always raises :class:`FeatureNotAvailableError`: the
-op's raw functions (``create_adam``, ``adam_update``...) are not part of ds.
+(code uses it to choose them), and ``load()`` raises :class:`FeatureNotAvailableError`: the op's raw
+functions (``create_adam``, ``adam_update``...) are not part of ds. The exception is ``AsyncIOBuilder``:
+its ``load()`` returns DeepSpeed's async I/O names (``aio_handle``...) over ds's own file I/O
+(``ds_engine.ops.aio``).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ _OPS: dict[str, tuple[str, str | None, str]] = {
     "CPUAdagradBuilder": ("cpu_adagrad", None, "ds has no CPU Adagrad; use torch.optim.Adagrad"),
     "CPULionBuilder": ("cpu_lion", None, "ds has no Lion optimizer"),
     "FusedLionBuilder": ("fused_lion", None, "ds has no Lion optimizer"),
-    "AsyncIOBuilder": ("async_io", None, "DeepSpeed's compiled async I/O op (aio_handle); ds's NVMe optimizer offload uses its own I/O (ds_zero._aio)"),
+    "AsyncIOBuilder": ("async_io", "ds_engine.ops.aio", ""),
     "GDSBuilder": ("gds", None, "DeepSpeed's compiled async I/O op (aio_handle); ds's NVMe optimizer offload uses its own I/O (ds_zero._aio)"),
     "TransformerBuilder": ("transformer", None, "DeepSpeed's fused transformer kernels are not in ds"),
     "StochasticTransformerBuilder": ("stochastic_transformer", None, "DeepSpeed's fused transformer kernels are not in ds"),
@@ -78,8 +80,17 @@ class OpBuilder:
         )
 
 
+def _load_aio(self, verbose: bool = False):
+    """The async I/O op's names (``aio_handle``...) over ds's file I/O: see ``ds_engine.ops.aio``."""
+    from ds_engine.ops import aio
+
+    return aio.load()
+
+
 def _builder(cls_name: str, op: str, provider: str | None, why_not: str) -> type[OpBuilder]:
     attrs = {"NAME": op, "_provider": provider, "_why_not": why_not, "__module__": __name__}
+    if op == "async_io":  # the one op ds gives whole, under DeepSpeed's names
+        attrs["load"] = _load_aio
     attrs["__doc__"] = f"DeepSpeed's ``{cls_name}`` (op ``{op}``): " + (
         f"available in ds as ``{provider}``." if provider else f"not in ds: {why_not}."
     )

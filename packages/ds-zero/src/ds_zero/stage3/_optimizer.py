@@ -192,6 +192,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     def step(self) -> bool:
         """Optimizer step on this rank's partitions; returns False when skipped for overflow."""
         grads = list(self.grad_parts)  # zeros for a group no backward reduced into
+        if self.swap is not None:  # the first sub-groups' reads run under the gradient norm
+            self.swap.prefetch()
         divisor = self._begin_step(self._global_norm_sq(grads))
         if divisor is None:
             return False

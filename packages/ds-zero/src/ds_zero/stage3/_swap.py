@@ -131,9 +131,11 @@ class OptimizerSwap:
         self.numels = [b[-1][1] if b else 0 for b in self.bounds]
         self.buffers_allocated = 0  # observed by the tests: never above buffer_count
         self.reads_ahead = 0  # reads issued before the previous sub-group's step (pipeline_read)
+        self.prefetched = 0  # of which issued by prefetch(), before the step's gradient norm
         self.writes_deferred = 0  # writes left in flight past their sub-group's step (pipeline_write)
         self.trace: list[tuple[str, float, float, int]] | None = None  # a list: the update's intervals
         self._free: list[torch.Tensor] = []
+        self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): order index -> read
         self._slots = 1  # master + state tensors per buffer
         self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
         self._pinned_said = False
@@ -240,6 +242,32 @@ class OptimizerSwap:
         self._reserve_state(keys)
 
     # ------------------------------------------------------------------ the step
+    def _order(self) -> list[tuple[int, int]]:
+        return [(g, k) for g, vs in enumerate(self.views) for k in range(len(vs))]
+
+    def prefetch(self) -> None:
+        """With ``pipeline_read``: issue the reads of the first sub-groups (one per buffer) now, so that they
+        run under the work that precedes the step (the gradient norm); ``step`` takes them over."""
+        if not self.pipeline_read or self._ahead:
+            return
+        order = self._order()
+        writes: deque = deque()
+        for i in range(min(self.buffer_count, len(order))):
+            if not self._free and self.buffers_allocated >= self.buffer_count:
+                break
+            buf = self._take_buffer(writes)
+            self._ahead[i] = (buf, self._read(buf, *order[i]))
+            self.reads_ahead += 1
+            self.prefetched += 1
+
+    def _drop_ahead(self) -> None:
+        """Prefetched reads are of the files as they were: dropped (waited, buffers freed) before a change."""
+        for buf, handles in self._ahead.values():
+            for h in handles:
+                h.wait()
+            self._free.append(buf)
+        self._ahead = {}
+
     def step(
         self,
         optimizer: torch.optim.Optimizer,
@@ -248,8 +276,8 @@ class OptimizerSwap:
         updated: Callable[[int, int, int, torch.Tensor], None],
     ) -> None:
         """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master."""
-        order = [(g, k) for g, vs in enumerate(self.views) for k in range(len(vs))]
-        reads: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}
+        order = self._order()
+        reads, self._ahead = self._ahead, {}
         writes: deque = deque()  # (buffer, handle) in issue order
         first = not self.keys and not any(optimizer.state.get(v) for vs in self.views for v in vs)
         for i, (g, k) in enumerate(order):
@@ -314,6 +342,7 @@ class OptimizerSwap:
 
     def write_range(self, g: int, key: str, lo: int, hi: int, values: torch.Tensor) -> None:
         self._check_key(key)
+        self._drop_ahead()
         self.io.write(self._path(g, key), lo * 4, values.to(torch.float32).contiguous()).wait()
 
     def _check_key(self, key: str) -> None:
@@ -326,6 +355,7 @@ class OptimizerSwap:
     def resident(self, optimizer: torch.optim.Optimizer, *, write: bool) -> Iterator[list[torch.Tensor]]:
         """Every group's master and state whole in memory (a checkpoint save or load) while inside; with
         ``write`` they are written back to the files on exit."""
+        self._drop_ahead()
         masters = []
         states: list[dict[str, torch.Tensor]] = []
         for g, n in enumerate(self.numels):

@@ -1,5 +1,6 @@
-"""DeepSpeed's ``deepspeed.ops.aio``: ``AsyncIOBuilder``, the op builder of NVMe offload, whose
-``is_compatible()`` is False in ds and whose ``load()`` raises FeatureNotAvailableError naming NVMe offload."""
+"""DeepSpeed's ``deepspeed.ops.aio``: ``AsyncIOBuilder``, the op builder of NVMe offload; its ``load()``
+gives DeepSpeed's ``aio_handle`` (and ``aio_read``, ``aio_write``, ``deepspeed_memcpy``) over ds's own
+file I/O (``ds_engine.ops.aio``)."""
 
 from ds_engine.ops.op_builder import AsyncIOBuilder
 
