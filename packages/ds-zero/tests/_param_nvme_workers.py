@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import os
+import time
 
 import _stage3_workers as w
 import torch
@@ -51,19 +52,21 @@ def _max_diff(a: dict, b: dict) -> float:
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
 
 
-def parity(rank: int, world: int, root: str) -> dict:
-    """Losses and weights with the parameters (and the optimizer) on nvme equal no offload and CPU offload."""
+def parity(rank: int, world: int, root: str, full: bool) -> dict:
+    """Losses and weights with the parameters (and the optimizer) on nvme equal no offload and CPU offload
+    (``full``: every variant in fp32; else, and in bf16, both on nvme with nothing kept in memory)."""
     out = {}
     for dtype in (torch.float32, torch.bfloat16):
         tag = str(dtype).split(".")[-1]
         ref_losses, ref = _train(rank, world, BASE, dtype)
         ref_w = ref.fp32_state_dict()
-        runs = {
-            "cpu": dataclasses.replace(BASE, offload_param=True, offload_optimizer=True),
-            "nvme-param": _nvme(root, f"{tag}-p", optimizer=False, max_in_cpu=0),
-            "nvme-both": _nvme(root, f"{tag}-b", max_in_cpu=0, buffer_count=2),
-            "nvme-half": _nvme(root, f"{tag}-h", max_in_cpu=40),
-        }
+        runs = {"nvme-both": _nvme(root, f"{tag}-b", max_in_cpu=0, buffer_count=2)}
+        if full and dtype == torch.float32:
+            runs.update({
+                "cpu": dataclasses.replace(BASE, offload_param=True, offload_optimizer=True),
+                "nvme-param": _nvme(root, f"{tag}-p", optimizer=False, max_in_cpu=0),
+                "nvme-half": _nvme(root, f"{tag}-h", max_in_cpu=40),
+            })  # fmt: skip
         for name, options in runs.items():
             losses, zero = _train(rank, world, options, dtype)
             out[f"{tag}/{name}"] = {
@@ -126,9 +129,12 @@ def effects(rank: int, world: int, root: str) -> dict:
     for name, max_in_cpu in (("disk", 0), ("half", 66_048), ("ram", 10**9)):
         model, zero = _deep(_nvme(root, f"where-{name}", max_in_cpu=max_in_cpu, buffer_count=2, buffer_size=16_384,
                                   base=base))  # fmt: skip
-        _deep_steps(model, zero, rank)
         swap = zero.params.swap
+        seen: list[int] = []
+        _deep_steps(model, zero, rank, on_forward=lambda m, i, s=seen, sw=swap: s.append(sw.ahead()))
         folder = swap.folder.path
+        if name == "disk":  # nothing in memory, two buffers
+            out["buffers-2"] = _buffers(swap, seen)
         out[name] = {
             "folder": folder,
             "files": {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(os.listdir(folder))},
@@ -138,20 +144,11 @@ def effects(rank: int, world: int, root: str) -> dict:
             "live_bytes": _live_storage_bytes(),
         }
         del model, zero, swap
-    for count in (2, 5):
-        model, zero = _deep(_nvme(root, f"buffers-{count}", max_in_cpu=0, buffer_count=count, buffer_size=16_384,
-                                  base=base))  # fmt: skip
-        swap = zero.params.swap
-        seen: list[int] = []
-        _deep_steps(model, zero, rank, on_forward=lambda m, i, s=seen, sw=swap: s.append(sw.ahead()))
-        out[f"buffers-{count}"] = {
-            "allocated": swap.buffers_allocated,
-            "peak_in_use": swap.peak_buffers_in_use,
-            "buffer_bytes": [b.numel() for b in swap._free],
-            "ahead_at_forward": seen,
-            "reads_ahead": swap.reads_ahead,
-            "reads": swap.reads,
-        }
+    model, zero = _deep(_nvme(root, "buffers-5", max_in_cpu=0, buffer_count=5, buffer_size=16_384, base=base))
+    swap = zero.params.swap
+    seen = []
+    _deep_steps(model, zero, rank, on_forward=lambda m, i, s=seen, sw=swap: s.append(sw.ahead()))
+    out["buffers-5"] = _buffers(swap, seen)
     model, zero = _deep(_nvme(root, "no-prefetch", max_in_cpu=0, buffer_count=5, buffer_size=16_384,
                               base=dataclasses.replace(base, prefetch_bucket_size=0)))  # fmt: skip
     swap = zero.params.swap
@@ -164,6 +161,17 @@ def effects(rank: int, world: int, root: str) -> dict:
     except ZeroConfigError as e:
         out["small_buffer"] = str(e)
     return out
+
+
+def _buffers(swap, seen: list[int]) -> dict:
+    return {
+        "allocated": swap.buffers_allocated,
+        "peak_in_use": swap.peak_buffers_in_use,
+        "buffer_bytes": [b.numel() for b in swap._free],
+        "ahead_at_forward": seen,
+        "reads_ahead": swap.reads_ahead,
+        "reads": swap.reads,
+    }
 
 
 def faults(rank: int, world: int, root: str) -> dict:
@@ -215,10 +223,15 @@ def checkpoint(rank: int, world: int, root: str) -> dict:
     return out
 
 
-def main(rank: int, world: int, root: str) -> dict:
-    return {
-        "parity": parity(rank, world, root),
-        "effects": effects(rank, world, root) if world == 2 else None,
-        "faults": faults(rank, world, root) if world == 2 else None,
-        "checkpoint": checkpoint(rank, world, root) if world == 2 else None,
-    }
+def main(rank: int, world: int, root: str, full: bool) -> dict:
+    """Parity; with ``full`` also the effects, the faults and a checkpoint round trip (with seconds taken)."""
+    out: dict = {"seconds": {}}
+    parts = {"parity": lambda: parity(rank, world, root, full)}
+    if full:
+        parts.update(effects=lambda: effects(rank, world, root), faults=lambda: faults(rank, world, root),
+                     checkpoint=lambda: checkpoint(rank, world, root))  # fmt: skip
+    for name, run in parts.items():
+        t0 = time.perf_counter()
+        out[name] = run()
+        out["seconds"][name] = round(time.perf_counter() - t0, 1)
+    return out

@@ -388,7 +388,7 @@ class ZeroConfig(_Section):
     # ---- stage 3 (defaults as DeepSpeed 0.19)
     offload_param: OffloadParamConfig | None = Field(
         None,
-        description="Stage 3: keep the parameter partitions in CPU memory (see the offload_param table).",
+        description="Stage 3: keep the parameter partitions in CPU memory or on NVMe (see the offload_param table).",
     )
     stage3_prefetch_bucket_size: JsonInt = Field(
         50_000_000,
