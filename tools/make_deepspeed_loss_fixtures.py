@@ -54,7 +54,11 @@ def parity_configs() -> dict[str, dict]:
                 "overlap_events": True},
     }  # fmt: skip
     # ZeRO-Infinity whole: the parameter partitions in swap files too (max_in_cpu 0: none kept in memory;
-    # buffer_size covers the largest parameter, fc2's 4096 weights)
+    # buffer_size covers the largest parameter, fc2's 4096 weights). Checked with strace on 2026-12-06:
+    # DeepSpeed 0.19.8 on the CPU accelerator reports params_in_nvme_and_cpu and swap_optimizer True and
+    # creates zero_stage_3/{bfloat16params,optimizer}/rank*/ under nvme_path, but opens no file there for
+    # this model (and records no swap_files below): the fixture is DeepSpeed's losses for this config, not
+    # evidence that DeepSpeed's bytes went through the disk
     configs["zero3_fp32_adam_warmuplr_nvme_params"] = {
         **configs["zero3_fp32_adam_warmuplr_nvme"],
         "zero_optimization": {
