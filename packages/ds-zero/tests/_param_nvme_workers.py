@@ -12,6 +12,7 @@ import torch
 from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from ds_zero.stage3._options import NvmeOptions, ParamNvmeOptions
+from ds_zero.stage3._swap import NvmeSpaceError
 from torch import nn
 
 BASE = Stage3Options(param_persistence_threshold=0, sub_group_size=24)
@@ -202,6 +203,19 @@ def faults(rank: int, world: int, root: str) -> dict:
     losses, _ = _train(rank, world, _nvme(root, "stale", max_in_cpu=0), torch.float32)
     out["stale_loss_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
     out["stale_files"] = sorted(os.listdir(stale))
+    # a disk too small for the parameter files (a 4 KiB tmpfs the test mounts; each rank needs 8 KiB or
+    # more): an error at construction, before any collective
+    small = os.path.join(root, "small")
+    if os.path.ismount(small):
+        try:
+            w.build(
+                dataclasses.replace(
+                    BASE, param_nvme=ParamNvmeOptions(small, max_in_cpu=0), offload_optimizer=True
+                )
+            )
+            out["disk_full"] = "no error"
+        except NvmeSpaceError as e:
+            out["disk_full"] = str(e)
     return out
 
 

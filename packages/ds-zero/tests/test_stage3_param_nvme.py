@@ -24,15 +24,19 @@ _ALIGN = 4096
 def two(tmp_path_factory):
     root = tmp_path_factory.mktemp("pnvme2")
     ro = root / "ro"  # not writable even by root: a read-only file system
+    small = root / "small"  # too small for the parameter files
     ro.mkdir()
+    small.mkdir()
     mounted = os.geteuid() == 0
     if mounted:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(small)], check=True)
     try:
         return spawn(pw.main, 2, str(root), True, timeout_s=600)
     finally:
         if mounted:
             subprocess.run(["umount", str(ro)], check=True)
+            subprocess.run(["umount", str(small)], check=True)
 
 
 def test_losses_match_no_offload_and_cpu_offload_on_2_ranks(two):
@@ -92,6 +96,10 @@ def test_faults_name_the_path_and_stale_files_are_scratch(two):
         assert "/ro'" in f["readonly"] and "not writable" in f["readonly"], f
         assert f["stale_loss_diff"] == 0.0, "a killed run's swap file was read as the weights"
         assert f["stale_files"] == ["g0.param.bin"], f
+        if os.geteuid() == 0:  # the test mounted the small tmpfs
+            assert (
+                "g0.param.bin" in f["disk_full"] and "needs" in f["disk_full"] and "free" in f["disk_full"]
+            ), f
 
 
 def test_checkpoint_saved_with_params_on_disk_resumes(two):
