@@ -19,7 +19,7 @@ SCRIPT = HERE / "scripts" / "engine_parity.py"
 TOLERANCE = {"fp32": 1e-5, "bf16": 1e-2, "fp16": 3e-3}
 # between stages / accumulation settings of the same precision, at the same world size
 SAME_PRECISION_TOLERANCE = {"fp32": 1e-6, "bf16": 1e-3, "fp16": 1e-4}  # bf16 eps is 7.8e-3
-N_CONFIGS = 30  # stages 0-3 x 3 precisions x 2 accumulations, + 6 variants
+N_CONFIGS = 31  # stages 0-3 x 3 precisions x 2 accumulations, + 7 variants
 # resumed from step 3: at their own stage (saved at 2 ranks, resumed at this world size), and stage 2 <->
 # stage 3 (saved at this world size, resumed at 2 ranks)
 RESUME_CONFIGS = [
@@ -29,6 +29,7 @@ RESUME_CONFIGS = [
     "stage2-bf16-gas4",
     "stage3-fp32-gas1",
     "stage3-bf16-gas4",
+    "stage3-fp32-gas1-nvme",  # parameters and optimizer state in files
 ]
 CROSS_STAGE = [("stage3", "stage2"), ("stage2", "stage3")]
 
@@ -112,7 +113,7 @@ def test_stages_and_accumulation_agree(engine_losses):
     if err > SAME_PRECISION_TOLERANCE["fp32"]:
         failures.append(f"stage1-fp32-gas4-overlap vs stage1-fp32-gas4: {err:.2e}")
     # stage 3 keeping small parameters whole (the persistence threshold) changes placement only
-    for variant in ("persist", "offload"):  # placement only: what stays whole, what lives in CPU memory
+    for variant in ("persist", "offload", "nvme"):  # placement only: what stays whole, in CPU memory, on disk
         err = _max_rel(engine_losses[f"stage3-fp32-gas1-{variant}"], engine_losses["stage3-fp32-gas1"])
         if err > SAME_PRECISION_TOLERANCE["fp32"]:
             failures.append(f"stage3-fp32-gas1-{variant} vs stage3-fp32-gas1: {err:.2e}")

@@ -40,6 +40,11 @@ SECTIONS: list[tuple[str, str, type[BaseModel]]] = [
         "zero_optimization.offload_optimizer",
         ds_config.OffloadOptimizerConfig,
     ),
+    (
+        "zero_optimization.offload_param",
+        "zero_optimization.offload_param",
+        ds_config.OffloadParamConfig,
+    ),
     ("activation_checkpointing", "activation_checkpointing", ds_config.ActivationCheckpointingConfig),
     ('sparse_attention, mode "dense"', "sparse_attention", ds_config.DenseSparseAttentionConfig),
     ('sparse_attention, mode "fixed" (default)', "sparse_attention", ds_config.FixedSparseAttentionConfig),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 
 import ds_engine
 import ds_zero
@@ -27,6 +28,9 @@ PRECISIONS = {
     "bf16": {"bf16": {"enabled": True}},
     "fp16": {"fp16": {"enabled": True, "initial_scale_power": 10, "loss_scale_window": 2}},
 }
+
+
+NVME_PATH = "@NVME_PATH@"
 
 
 def configs() -> dict[str, dict]:
@@ -59,6 +63,17 @@ def configs() -> dict[str, dict]:
     out["stage3-fp32-gas1-offload"] = {
         **persist,
         "zero_optimization": {**persist["zero_optimization"], **offload},
+    }
+    # stage 3 with the parameter partitions and the optimizer state in files (ZeRO-Infinity; NVME_PATH is a
+    # directory beside the output file)
+    nvme = {"device": "nvme", "nvme_path": NVME_PATH}
+    out["stage3-fp32-gas1-nvme"] = {
+        **persist,
+        "zero_optimization": {
+            **persist["zero_optimization"],
+            "offload_optimizer": {**nvme, "buffer_count": 2},
+            "offload_param": {**nvme, "buffer_count": 3, "buffer_size": 2048, "max_in_cpu": 0},
+        },
     }
     # stage 2 with the fp32 masters and Adam state in CPU memory
     out["stage2-fp32-gas1-offload"] = {
@@ -181,7 +196,9 @@ def main() -> None:
     parser.add_argument("--local_rank", type=int, default=-1)
     args = parser.parse_args()
     steps = range(args.start, args.start + args.steps)
-    all_configs = configs()
+    nvme = os.path.join(os.path.dirname(os.path.abspath(args.out)), f"nvme-{os.path.basename(args.out)}")
+    os.makedirs(nvme, exist_ok=True)
+    all_configs = json.loads(json.dumps(configs()).replace(NVME_PATH, nvme))
     results = {}
     if args.reference:
         for name, cfg in all_configs.items():

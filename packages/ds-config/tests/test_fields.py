@@ -39,12 +39,12 @@ def test_a_no_effect_key_set_away_from_its_default_warns_once_with_the_reason():
 
 def test_a_no_effect_key_at_its_default_is_silent():
     assert _no_effect_warnings({"zero_optimization": {"elastic_checkpoint": False}}) == []
-    offload = {"stage": 3, "offload_param": {"device": "cpu", "buffer_count": 5}}
+    offload = {"stage": 3, "offload_optimizer": {"device": "cpu", "fast_init": False}}
     assert _no_effect_warnings({"zero_optimization": offload}) == []
-    offload["offload_param"]["buffer_count"] = 8
+    offload["offload_optimizer"]["fast_init"] = True
     assert _no_effect_warnings({"zero_optimization": offload}) == [
-        "zero_optimization.offload_param.buffer_count = 8 has no effect in ds: "
-        + NO_EFFECT["zero_optimization.offload_param.buffer_count"]
+        "zero_optimization.offload_optimizer.fast_init = True has no effect in ds: "
+        + NO_EFFECT["zero_optimization.offload_optimizer.fast_init"]
     ]
 
 

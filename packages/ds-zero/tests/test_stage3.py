@@ -270,10 +270,11 @@ def test_options_from_config_read_the_keys():
     assert opts.allow_untested_optimizer and opts.grad_accum_dtype == torch.float32
     from ds_config import DSConfig, ZeroConfig
 
-    # load_config already refuses nvme; a DSConfig built in code reaches stage 3's own check
-    nvme = DSConfig(zero_optimization=ZeroConfig(stage=3, offload_param={"device": "nvme"}))
-    with pytest.raises(ZeroConfigError, match="offload_param.device 'nvme'"):
-        Stage3Options.from_config(nvme)
+    # offload_param nvme: each key reaches the parameter swap's options (their effects: test_stage3_param_nvme.py)
+    nvme = DSConfig(zero_optimization=ZeroConfig(stage=3, offload_param={
+        "device": "nvme", "nvme_path": "/p", "buffer_count": 3, "buffer_size": 7, "max_in_cpu": 9, "pin_memory": True}))  # fmt: skip
+    p = Stage3Options.from_config(nvme).param_nvme
+    assert (p.nvme_path, p.buffer_count, p.buffer_size, p.max_in_cpu, p.pin_memory) == ("/p", 3, 7, 9, True)
 
 
 def test_from_config_wires_the_top_level_keys_into_the_optimizer():

@@ -29,10 +29,6 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "sparse_attention.mode",
 )
 
-_NVME_ONLY = (
-    "tunes NVMe parameter offload, which ds does not have yet (offload_param.device 'nvme' is an error)"
-)
-
 NO_EFFECT: dict[str, str] = {
     "zero_optimization.elastic_checkpoint": (
         "ds checkpoints always load at any world size (optimizer state included), so there is nothing to "
@@ -41,14 +37,6 @@ NO_EFFECT: dict[str, str] = {
     "zero_optimization.offload_optimizer.fast_init": (
         "ds writes the initial fp32 masters into the swap files a sub-group at a time whatever it says "
         "(DeepSpeed's fast_init only chooses how it fills them)"
-    ),
-    "zero_optimization.offload_param.nvme_path": _NVME_ONLY,
-    "zero_optimization.offload_param.buffer_count": _NVME_ONLY,
-    "zero_optimization.offload_param.buffer_size": _NVME_ONLY,
-    "zero_optimization.offload_param.max_in_cpu": _NVME_ONLY,
-    "zero_optimization.offload_param.pin_memory": (
-        "not built: ds's stage-3 parameter offload keeps the CPU copies in pageable memory (pinning only "
-        "speeds up host-to-GPU copies)"
     ),
     "zero_optimization.round_robin_gradients": (
         "in DeepSpeed it only reorders which gradients each rank copies out first during stage-2 CPU "

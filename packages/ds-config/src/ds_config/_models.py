@@ -279,20 +279,37 @@ class OffloadOptimizerConfig(_Section):
 
 
 class OffloadParamConfig(_Section):
-    """``zero_optimization.offload_param``: keep ZeRO-3 parameter partitions in CPU memory (stage 3 only)."""
+    """``zero_optimization.offload_param``: keep ZeRO-3 parameter partitions in CPU memory or in files (stage 3)."""
 
     device: Literal["none", "cpu", "nvme"] = Field(
         "none",
-        description="Where the parameter partitions live: 'none' (the accelerator) or 'cpu'; 'nvme' is rejected.",
+        description="Where the parameter partitions live: 'none' (the accelerator), 'cpu', or 'nvme' (files "
+        "under nvme_path, ZeRO-Infinity).",
     )
-    nvme_path: str | None = Field(None, description="NVMe directory (ZeRO-Infinity; not supported by ds).")
-    buffer_count: JsonInt = Field(5, ge=1, description="NVMe swap buffers (ZeRO-Infinity; unused by ds).")
-    buffer_size: JsonInt = Field(100_000_000, ge=1, description="NVMe swap buffer elements (unused by ds).")
+    nvme_path: str | None = Field(
+        None,
+        description="device 'nvme': the directory of the parameter swap files (one folder per rank under "
+        "ds_swap_params/, emptied at start; must exist and be writable, checked at initialize).",
+    )
+    buffer_count: JsonInt = Field(
+        5, ge=1, description="device 'nvme': swap buffers a rank allocates at most (gathers and reads ahead)."
+    )
+    buffer_size: JsonInt = Field(
+        100_000_000,
+        ge=1,
+        description="device 'nvme': elements per swap buffer; must hold the largest parameter partition in "
+        "the files (smaller is an error at initialize naming the parameter).",
+    )
     max_in_cpu: JsonInt = Field(
-        1_000_000_000, ge=0, description="NVMe: elements kept in CPU memory (unused by ds)."
+        1_000_000_000,
+        ge=0,
+        description="device 'nvme': parameter partition elements kept in CPU memory (the first ones in "
+        "model order); the rest live in the files.",
     )
     pin_memory: JsonBool = Field(
-        False, description="Use page-locked CPU memory for the offloaded partitions."
+        False,
+        description="device 'nvme': page-lock the swap buffers (where an accelerator makes that possible; a "
+        "no-op on a CPU-only machine). Device 'cpu' keeps its partitions pageable.",
     )
 
 
@@ -371,7 +388,7 @@ class ZeroConfig(_Section):
     # ---- stage 3 (defaults as DeepSpeed 0.19)
     offload_param: OffloadParamConfig | None = Field(
         None,
-        description="Stage 3: keep the parameter partitions in CPU memory (see the offload_param table).",
+        description="Stage 3: keep the parameter partitions in CPU memory or on NVMe (see the offload_param table).",
     )
     stage3_prefetch_bucket_size: JsonInt = Field(
         50_000_000,

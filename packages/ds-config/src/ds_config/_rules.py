@@ -157,13 +157,13 @@ def lamb_needs_dynamic_scale(cfg: DSConfig) -> list[P]:
 # --------------------------------------------------------------------------------------------- ZeRO
 def offload_rules(cfg: DSConfig) -> list[P]:
     """Optimizer offload needs stage >= 1; parameter offload, partial offload and NVMe optimizer offload need stage
-    3 (with an nvme_path); NVMe parameter offload is rejected."""
+    3; NVMe offload (of either) needs an nvme_path."""
     zero = cfg.zero_optimization
     problems = []
     param = zero.offload_param
-    if param is not None and param.device == "nvme":
-        problems.append(P("zero_optimization.offload_param.device", "NVMe offload (ZeRO-Infinity) is not "
-                          "supported by ds; use 'cpu'", "nvme"))  # fmt: skip
+    if param is not None and param.device == "nvme" and zero.stage == 3 and not param.nvme_path:
+        problems.append(P("zero_optimization.offload_param.nvme_path", "device 'nvme' needs a directory "
+                          "for the parameter swap files (on a fast local disk)", param.nvme_path))  # fmt: skip
     if param is not None and param.device != "none" and zero.stage == 0:
         # ZeRO off: the section is inert, as in DeepSpeed (a template config with the stage switched to 0)
         warnings.warn(

@@ -50,7 +50,11 @@ class Init(PartitionOnConstruction):
         **unsupported: Any,
     ) -> None:
         if remote_device == "nvme":
-            raise ValueError("zero.Init(remote_device='nvme') is not supported by ds; use 'cpu' or None")
+            raise ValueError(
+                "zero.Init(remote_device='nvme') is not supported by ds (it would write the partitions to disk "
+                "during construction); use 'cpu' or None: with offload_param.device 'nvme' in the config, "
+                "initialize() moves the partitions into nvme_path when it builds the ZeRO-3 optimizer"
+            )
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
             raise ValueError("zero.Init: quantized weights (ZeRO++) are not supported by ds; remove the flag")
         for key, value in unsupported.items():

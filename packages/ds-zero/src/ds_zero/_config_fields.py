@@ -45,4 +45,10 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "aio.intra_op_parallelism",
     "aio.single_submit",
     "aio.overlap_events",
+    # NVMe parameter offload at stage 3 (stage3/_param_swap.py)
+    "zero_optimization.offload_param.nvme_path",
+    "zero_optimization.offload_param.buffer_count",
+    "zero_optimization.offload_param.buffer_size",
+    "zero_optimization.offload_param.max_in_cpu",
+    "zero_optimization.offload_param.pin_memory",
 )

@@ -62,6 +62,8 @@ class FetchSchedule:
             self._ahead = 0
             kept, self._kept = list(self._kept.values()), {}
             self.params.release(kept)
+            if self.params.swap is not None:
+                self.params.swap.drop_ahead()
             return
         self._cursor += 1
         self._limit_live()
@@ -91,6 +93,8 @@ class FetchSchedule:
             self._recording = []
         self._cursor = self._ahead = 0
         self._kept.clear()  # the caller releases every parameter now
+        if self.params.swap is not None:
+            self.params.swap.drop_ahead()
 
     # ------------------------------------------------------------------ the trace
     def _set_trace(self, trace: list[list[ParamSlot]]) -> None:
@@ -132,12 +136,27 @@ class FetchSchedule:
                     continue
                 if s.numel > budget or live + s.numel > self.max_live:
                     self._ahead = i
-                    return self._launch(todo)
+                    self._launch(todo)
+                    # with the partitions in files, the disk reads go on past the gathers (local work
+                    # only, so ranks stay in step whatever their disks do)
+                    return self._read_ahead(i)
                 budget -= s.numel
                 live += s.numel
                 todo.append(s)
         self._ahead = len(self._trace)
         self._launch(todo)
+
+    def _read_ahead(self, start: int) -> None:
+        """With the partitions in files: start reading the pieces of the parameters of trace events
+        ``start`` onwards into the free swap buffers (``_param_swap``), so the disk works while this module
+        computes. Part of the prefetch: off with ``stage3_prefetch_bucket_size`` 0."""
+        swap = self.params.swap
+        if swap is None or self.prefetch_bucket_size <= 0 or self._trace is None:
+            return
+        for i in range(start, len(self._trace)):
+            for s in self._trace[i]:
+                if not (s.gathered or s.persistent) and not swap.read_ahead(id(s.param)):
+                    return
 
     def _launch(self, todo: Sequence[ParamSlot]) -> None:
         if todo:

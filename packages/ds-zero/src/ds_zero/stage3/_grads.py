@@ -120,7 +120,7 @@ class Stage3Reducer:
     def _launch(self, k: int) -> None:
         b = self._buckets[k]
         if b.buf is None:  # no parameter of the bucket got a gradient: the owners still expect a sum
-            dtype = self.params.parts[b.group].dtype
+            dtype = self.params.part_dtypes[b.group]
             b.buf = self._buffer(b.end - b.start, dtype, self.params.compute_devices[b.group])
         self._send(b)
 

@@ -25,6 +25,7 @@ from ._grads import Stage3Reducer
 from ._heap import release_freed_heap, step_threshold
 from ._hooks import GatherHooks
 from ._options import Stage3Options
+from ._param_swap import ParamSwap
 from ._partition import PartitionedParams
 from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
@@ -80,33 +81,51 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         self.skipped_steps = 0
         groups = [[p for p in g["params"] if p.requires_grad] for g in optimizer.param_groups]
         cpu = torch.device("cpu")
+        nvme, param_nvme = options.optimizer_nvme, options.param_nvme
+        self.aio: AsyncFileIO | None = None
+        if nvme is not None or param_nvme is not None:  # one I/O pool for both swaps
+            self.aio = AsyncFileIO(options.aio)
+        param_swap = None
+        if param_nvme is not None:
+            param_swap = ParamSwap(
+                SwapFolder(param_nvme.nvme_path, self.rank, "offload_param", name="ds_swap_params"),
+                self.aio,
+                buffer_count=param_nvme.buffer_count,
+                buffer_size=param_nvme.buffer_size,
+                max_in_cpu=param_nvme.max_in_cpu,
+                pin_memory=param_nvme.pin_memory,
+            )
         self.params = PartitionedParams(
             groups,
             param_names or {id(p): n for n, p in module.named_parameters()},
             process_group=process_group,
             persistence_threshold=options.param_persistence_threshold,
             model_persistence_threshold=options.model_persistence_threshold,
-            partition_device=cpu if options.offload_param else None,
+            partition_device=cpu if options.offload_param or param_nvme else None,
+            swap=param_swap,
         )
-        nvme = options.optimizer_nvme
+        params = self.params
         master_device = cpu if options.offload_optimizer or nvme else None
         self.masters: list[torch.Tensor] = []
-        for part in self.params.parts:
+        for g, (n, dtype) in enumerate(zip(params.part_numels, params.part_dtypes)):
             if nvme is not None:  # in files (``_swap``): never written, so its pages are never resident;
                 # its storage is freed once the sub-group views are cut from it and moved to the files
-                self.masters.append(torch.empty(part.numel(), dtype=torch.float32))
+                self.masters.append(torch.empty(n, dtype=torch.float32))
                 continue
-            # fp32 on the same device: the weight partition is the master (no second copy)
-            alias = part.dtype == torch.float32 and master_device in (None, part.device)
-            master = (
-                part if alias else part.detach().to(master_device or part.device, torch.float32, copy=True)
-            )
-            self.masters.append(master)
-        parts = self.params.parts
+            # fp32 partitions in memory on the same device: the weight partition is the master (no second copy)
+            if (
+                params.parts is not None
+                and dtype == torch.float32
+                and master_device in (None, params.parts[g].device)
+            ):
+                self.masters.append(params.parts[g])
+                continue
+            part = params.read_part(g, 0, n)
+            self.masters.append(part.detach().to(master_device or part.device, torch.float32, copy=True))
         self.grad_parts = GradPartitions(  # allocated by a backward, freed by the step
-            [p.numel() for p in parts],
-            [options.grad_accum_dtype or p.dtype for p in parts],
-            [p.device for p in parts],
+            params.part_numels,
+            [options.grad_accum_dtype or d for d in params.part_dtypes],
+            params.compute_devices,
         )
         self.sub_groups = SubGroups(self.masters, view_size(optimizer, options.sub_group_size))
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
@@ -114,7 +133,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
         self.swap: OptimizerSwap | None = None
         if nvme is not None:
-            self.aio = AsyncFileIO(options.aio)
+            assert self.aio is not None
             self.swap = OptimizerSwap(
                 SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer"),
                 self.aio,
@@ -124,8 +143,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
                 pipeline_write=nvme.pipeline_write,
                 pin_memory=nvme.pin_memory,
             )
-            parts_ = self.params.parts
-            self.swap.init_masters(lambda g, lo, hi: parts_[g][lo:hi].to("cpu", torch.float32))
+            self.swap.init_masters(lambda g, lo, hi: params.read_part(g, lo, hi).to("cpu", torch.float32))
             for master in self.masters:
                 master.untyped_storage().resize_(0)
         self.params.on_write = self._copy_into_master
@@ -213,15 +231,14 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     def _masters_to_parts(self) -> None:
         """Write the fp32 masters into the weight partitions (unless they are the same storage)."""
         with self._resident_masters(write=False) as masters, torch.no_grad():
-            for part, master in zip(self.params.parts, masters):
-                if part.data_ptr() != master.data_ptr():
-                    part.copy_(master)
+            for g, master in enumerate(masters):
+                if not self.params.shares_storage(g, master):
+                    self.params.write_part(g, 0, master.numel(), master)
         self.params.refresh_whole()
 
     def _master_updated(self, g: int, lo: int, hi: int, master: torch.Tensor) -> None:
         """A swapped sub-group's new fp32 master reaches its weight partition."""
-        with torch.no_grad():
-            self.params.parts[g][lo:hi].copy_(master)
+        self.params.write_part(g, lo, hi, master)
 
     @contextmanager
     def _resident_masters(self, *, write: bool) -> Iterator[list[torch.Tensor]]:
@@ -256,12 +273,11 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
 
     def _copy_into_master(self, g: int, lo: int, hi: int) -> None:
         if self.swap is not None:
-            self.swap.write_range(g, "master", lo, hi, self.params.parts[g][lo:hi])
+            self.swap.write_range(g, "master", lo, hi, self.params.read_part(g, lo, hi))
             return
-        master, part = self.masters[g], self.params.parts[g]
-        if master.data_ptr() != part.data_ptr():
+        if not self.params.shares_storage(g, self.masters[g]):
             with torch.no_grad():
-                master[lo:hi].copy_(part[lo:hi])
+                self.masters[g][lo:hi].copy_(self.params.read_part(g, lo, hi))
 
     # ------------------------------------------------------------------ one parameter (ParamFragments)
     def _span(self, param: nn.Parameter) -> ParamSpan:
@@ -307,7 +323,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         """fp32 weights are their own master: a whole copy of the parameter (persistent, gathered) takes the
         value now. A separate master reaches the weights at the next step, as in DeepSpeed."""
         slot = self.params.slots[id(param)]
-        if self.masters[span.group].data_ptr() == self.params.parts[span.group].data_ptr():
+        if self.params.shares_storage(span.group, self.masters[span.group]):
             with torch.no_grad():
                 self.params.write_back(slot, value.to(slot.param.dtype).reshape(slot.shape))
 
@@ -348,7 +364,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             if slot is None:
                 out[name] = t.detach().cpu().clone()
             else:
-                (full,) = self.params.gather_values([slot], self.params.parts, slot.param.dtype)
+                (full,) = self.params.gather_values([slot], None, slot.param.dtype)
                 out[name] = full.to("cpu", dtype or full.dtype)
             seen[id(t)] = out[name]
         return out

@@ -9,10 +9,9 @@ import torch
 from ds_config import DSConfig
 
 from .._aio import AioOptions
-from .._errors import ZeroConfigError
 from .._options import grad_accum_dtype
 
-__all__ = ["CONFIG_FIELDS_STAGE3", "NvmeOptions", "Stage3Options"]
+__all__ = ["CONFIG_FIELDS_STAGE3", "NvmeOptions", "ParamNvmeOptions", "Stage3Options"]
 
 # dotted DSConfig paths stage 3 reads (merged with ds_zero's CONFIG_FIELDS by the lead)
 CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
@@ -34,6 +33,11 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_optimization.offload_optimizer.pipeline_read",
     "zero_optimization.offload_optimizer.pipeline_write",
     "zero_optimization.offload_param.device",
+    "zero_optimization.offload_param.nvme_path",
+    "zero_optimization.offload_param.buffer_count",
+    "zero_optimization.offload_param.buffer_size",
+    "zero_optimization.offload_param.max_in_cpu",
+    "zero_optimization.offload_param.pin_memory",
     "aio.block_size",
     "aio.queue_depth",
     "aio.thread_count",
@@ -62,6 +66,17 @@ class NvmeOptions:
 
 
 @dataclass(frozen=True)
+class ParamNvmeOptions:
+    """An ``offload_param`` section with ``device: "nvme"`` (DeepSpeed's defaults; see ``_param_swap``)."""
+
+    nvme_path: str
+    buffer_count: int = 5
+    buffer_size: int = 100_000_000  # elements per buffer: at least the largest parameter partition
+    max_in_cpu: int = 1_000_000_000  # partition elements kept in CPU memory (model order), the rest in files
+    pin_memory: bool = False
+
+
+@dataclass(frozen=True)
 class Stage3Options:
     """What stage 3 does with the config; the defaults are DeepSpeed 0.19's.
 
@@ -82,6 +97,7 @@ class Stage3Options:
     offload_optimizer: bool = False  # fp32 masters and optimizer state in CPU memory
     offload_param: bool = False  # parameter partitions in CPU memory
     optimizer_nvme: NvmeOptions | None = None  # masters and optimizer state in files (``_swap``)
+    param_nvme: ParamNvmeOptions | None = None  # parameter partitions in files (``_param_swap``)
     aio: AioOptions = AioOptions()  # how the swap files are read and written (``_aio``)
     clip_grad: float = 0.0
     prescale_gradients: bool = False
@@ -95,10 +111,15 @@ class Stage3Options:
         zero = config.zero_optimization
         optimizer_device = zero.offload_device
         param_device = zero.offload_param.device if zero.offload_param is not None else "none"
+        param_nvme = None
         if param_device == "nvme":
-            raise ZeroConfigError(
-                "zero_optimization.offload_param.device 'nvme' is not supported by ds yet (the optimizer's "
-                "offload_optimizer.device 'nvme' is); use 'cpu'"
+            op = zero.offload_param
+            param_nvme = ParamNvmeOptions(
+                nvme_path=str(op.nvme_path or ""),
+                buffer_count=int(op.buffer_count),
+                buffer_size=int(op.buffer_size),
+                max_in_cpu=int(op.max_in_cpu),
+                pin_memory=bool(op.pin_memory),
             )
         optimizer_nvme = None
         if optimizer_device == "nvme":
@@ -124,6 +145,7 @@ class Stage3Options:
             offload_optimizer=optimizer_device == "cpu",
             offload_param=param_device == "cpu",
             optimizer_nvme=optimizer_nvme,
+            param_nvme=param_nvme,
             aio=AioOptions(
                 block_size=int(aio.block_size),
                 queue_depth=int(aio.queue_depth),

@@ -31,6 +31,7 @@ from .. import _transport
 from .._comm import ProcessGroup, broadcast_async, group_rank, group_size
 from .._layout import GroupLayout
 from ._construct import forget_construction, full_value, source_shape
+from ._param_swap import ParamSwap
 from ._status import ZeroParamStatus, mark, set_status
 
 __all__ = ["ParamSlot", "PartitionedParams"]
@@ -62,9 +63,12 @@ class ParamSlot:
 class PartitionedParams:
     """The partitions of every group in the model dtype, and gather/release of full parameters.
 
-    ``parts[g]`` is this rank's partition of group ``g`` (padding included). ``on_write(g, lo, hi)`` is
-    called after elements ``[lo, hi)`` of ``parts[g]`` were overwritten from outside a step (a load, a
-    ``GatheredParameters`` modification), so the owner of the fp32 masters can copy them.
+    ``parts[g]`` is this rank's partition of group ``g`` (padding included), unless the partitions are in
+    files (``swap``, ``offload_param.device: "nvme"``): then ``parts`` is None and every access goes through
+    ``read_part``/``write_part`` and the gathers, which read each parameter's piece through the swap
+    buffers. ``on_write(g, lo, hi)`` is called after elements ``[lo, hi)`` of the partition were
+    overwritten from outside a step (a load, a ``GatheredParameters`` modification), so the owner of the
+    fp32 masters can copy them.
     """
 
     def __init__(
@@ -76,12 +80,16 @@ class PartitionedParams:
         persistence_threshold: int,
         model_persistence_threshold: int = sys.maxsize,
         partition_device: torch.device | None = None,
+        swap: ParamSwap | None = None,
     ) -> None:
         self.process_group = process_group
         self.dp = group_size(process_group)
         self.rank = group_rank(process_group)
         self.layouts: list[GroupLayout] = []
-        self.parts: list[torch.Tensor] = []
+        self.swap = swap
+        self._parts: list[torch.Tensor] = []
+        self.part_numels: list[int] = []
+        self.part_dtypes: list[torch.dtype] = []
         # where each group's parameters compute, and so where its collectives run: with offload_param the
         # partitions are in CPU memory, which nccl cannot carry
         self.compute_devices: list[torch.device] = []
@@ -110,8 +118,14 @@ class PartitionedParams:
         layout = GroupLayout.build([source_shape(p) for p in params], self.dp)
         dtype = params[0].dtype if params else torch.float32
         device = params[0].device if params else torch.device("cpu")
-        part = torch.zeros(layout.partition_numel, dtype=dtype, device=partition_device or device)
         ps, pe = layout.partition_range(self.rank)
+        swap = self.swap
+        if swap is None:
+            part = torch.zeros(layout.partition_numel, dtype=dtype, device=partition_device or device)
+        else:  # the pieces of this rank's partition, in model order (``_param_swap``)
+            ranges = [layout.param_range(i) for i in range(len(params))]
+            swap.add_group(dtype, [(id(p), names.get(id(p), f"group{g}.param{i}"), max(a, ps) - ps, min(b, pe) - ps)
+                                   for i, (p, (a, b)) in enumerate(zip(params, ranges)) if max(a, ps) < min(b, pe)])  # fmt: skip
         for i, p in enumerate(params):
             if id(p) in self.slots:
                 raise ValueError(f"parameter {names.get(id(p), i)} is in two param groups; give it to one")
@@ -119,8 +133,10 @@ class PartitionedParams:
             shape = source_shape(p)
             full = full_value(p).to(dtype).reshape(-1)  # one parameter at a time (collective if cut)
             lo, hi = max(start, ps), min(end, pe)
-            if lo < hi:
+            if lo < hi and swap is None:
                 part[lo - ps : hi - ps].copy_(full[lo - start : hi - start])
+            elif lo < hi:
+                swap.write_piece(id(p), full[lo - start : hi - start])
             slot = ParamSlot(p, names.get(id(p), f"group{g}.param{i}"), g, i, start, end, shape,
                              persistent=self._persists(shape.numel()))  # fmt: skip
             self.slots[id(p)] = slot
@@ -131,11 +147,39 @@ class PartitionedParams:
             else:
                 p.data = torch.empty(0, dtype=dtype, device=device)
             forget_construction(p)
-            mark(p, shape, part[max(lo - ps, 0) : max(hi - ps, 0)], whole=slot.persistent)
+            local = part[max(lo - ps, 0) : max(hi - ps, 0)] if swap is None else swap.local(id(p))
+            mark(p, shape, local, whole=slot.persistent)
             del full
         self.layouts.append(layout)
-        self.parts.append(part)
+        if swap is None:
+            self._parts.append(part)
+        self.part_numels.append(layout.partition_numel)
+        self.part_dtypes.append(dtype)
         self.compute_devices.append(device)
+
+    # ------------------------------------------------------------------ the partitions
+    @property
+    def parts(self) -> list[torch.Tensor] | None:
+        """The partitions as tensors (None when they are in files: use ``read_part``/``write_part``)."""
+        return None if self.swap is not None else self._parts
+
+    def read_part(self, g: int, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` of this rank's partition of group ``g`` (a view, or a copy from the files)."""
+        if self.swap is not None:
+            return self.swap.read_range(g, lo, hi)
+        return self._parts[g][lo:hi]
+
+    def write_part(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Set elements ``[lo, hi)`` of this rank's partition of group ``g`` (no ``on_write`` call)."""
+        if self.swap is not None:
+            self.swap.write_range(g, lo, hi, values.detach())
+        else:
+            with torch.no_grad():
+                self._parts[g][lo:hi].copy_(values)
+
+    def shares_storage(self, g: int, t: torch.Tensor) -> bool:
+        """Whether ``t`` is group ``g``'s partition itself (fp32 weights are their own master)."""
+        return self.swap is None and self._parts[g].data_ptr() == t.data_ptr()
 
     def _persists(self, numel: int) -> bool:
         threshold, model_threshold = self._persist_budget
@@ -178,7 +222,7 @@ class PartitionedParams:
             if not s.persistent:
                 self.live_numel += s.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
-        works = self._launch_gather(todo, self.parts, homes)
+        works = self._launch_gather(todo, None, homes)
         if not wait:
             for s in todo:
                 self._pending[id(s)] = works
@@ -196,9 +240,10 @@ class PartitionedParams:
                 set_status(s.param, ZeroParamStatus.AVAILABLE)
 
     def gather_values(
-        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], dtype: torch.dtype
+        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor] | None, dtype: torch.dtype
     ) -> list[torch.Tensor]:
-        """Full values of ``slots`` read from other partitions of the same layout (e.g. the fp32 masters)."""
+        """Full values of ``slots`` read from partitions of the same layout: ``sources`` (e.g. the fp32
+        masters), or the weight partitions themselves (None)."""
         order = sorted(slots, key=lambda s: (s.group, s.start))
         bufs = {id(s): torch.empty(s.numel, dtype=dtype, device=s.param.device) for s in order}
         for w in self._launch_gather(order, sources, [bufs[id(s)] for s in order]):
@@ -215,10 +260,11 @@ class PartitionedParams:
         return s.home
 
     def _launch_gather(
-        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor], outs: Sequence[torch.Tensor]
+        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor] | None, outs: Sequence[torch.Tensor]
     ) -> list:
         """Fill each ``outs[i]`` (flat, ``slots[i].numel`` elements; slots in flat order) with the slot's
-        value from the partitions ``sources[group]``; returns the works to wait for.
+        value from the partitions ``sources[group]`` (None: the weight partitions); returns the works to
+        wait for.
 
         The local pieces are copied; the rest travels in one batch. A host transport (``_transport``) takes
         every owner's piece of every slot in one call (shared memory packs them into rounds). Else the
@@ -230,12 +276,9 @@ class PartitionedParams:
             return []
         pieces: list[tuple[torch.Tensor, int]] = []
         for s, out in zip(slots, outs):
-            ps = self.layouts[s.group].partition_range(self.rank)[0]
+            self._copy_own(s, sources, out, s.start)
             for r, lo, hi in self.layouts[s.group].owners(s.start, s.end):
-                piece = out[lo - s.start : hi - s.start]
-                if r == self.rank:
-                    piece.copy_(sources[s.group][lo - ps : hi - ps])
-                pieces.append((piece, r))
+                pieces.append((out[lo - s.start : hi - s.start], r))
         if self.dp == 1:
             return []
         self.gathered_numel += sum(s.numel for s in slots)
@@ -244,20 +287,37 @@ class PartitionedParams:
             return broadcast_async(pieces, self.process_group)
         works: list = []
         for run in _runs(slots, outs):
-            works.append(self._broadcast_run(run, sources))
+            works.append(self._broadcast_run(run))
         return works
 
-    def _broadcast_run(self, run: list[tuple[ParamSlot, torch.Tensor]], sources: Sequence[torch.Tensor]):
+    def _copy_own(
+        self, s: ParamSlot, sources: Sequence[torch.Tensor] | None, dst: torch.Tensor, dst_start: int
+    ) -> None:
+        """Copy the elements of ``s`` this rank owns into the flat ``dst``, whose first element is element
+        ``dst_start`` of the group's flat space (from the swap buffers when the partitions are in files)."""
+        ps, pe = self.layouts[s.group].partition_range(self.rank)
+        lo, hi = max(s.start, ps), min(s.end, pe)
+        if lo >= hi:
+            return
+        if sources is None and self.swap is not None:
+            dst[lo - dst_start : hi - dst_start].copy_(self.swap.piece(id(s.param)))
+            self.swap.done(id(s.param))
+            return
+        src = (self._parts if sources is None else sources)[s.group]
+        dst[lo - dst_start : hi - dst_start].copy_(src[lo - ps : hi - ps])
+
+    def _broadcast_run(self, run: list[tuple[ParamSlot, torch.Tensor]]):
         """One run of flat-contiguous slots over torch.distributed (see ``_launch_gather``)."""
         g, start, end = run[0][0].group, run[0][0].start, run[-1][0].end
         if len(run) == 1:
             buf = run[0][1]
         else:
             buf = torch.empty(end - start, dtype=run[0][1].dtype, device=run[0][1].device)
-            ps = self.layouts[g].partition_range(self.rank)[0]
-            for r, lo, hi in self.layouts[g].owners(start, end):
-                if r == self.rank:
-                    buf[lo - start : hi - start].copy_(sources[g][lo - ps : hi - ps])
+            ps, pe = self.layouts[g].partition_range(self.rank)
+            for s, out in run:  # this rank's elements, already in the outs (``_launch_gather``)
+                lo, hi = max(s.start, ps), min(s.end, pe)
+                if lo < hi:
+                    buf[lo - start : hi - start].copy_(out[lo - s.start : hi - s.start])
         pieces = [(buf[lo - start : hi - start], r) for r, lo, hi in self.layouts[g].owners(start, end)]
         self.gather_calls += len(pieces)
         works = broadcast_async(pieces, self.process_group)
@@ -305,7 +365,7 @@ class PartitionedParams:
         lo, hi = max(slot.start, ps), min(slot.end, pe)
         if lo < hi:
             flat = full.reshape(-1)
-            self.parts[slot.group][lo - ps : hi - ps].copy_(flat[lo - slot.start : hi - slot.start])
+            self.write_part(slot.group, lo - ps, hi - ps, flat[lo - slot.start : hi - slot.start])
             if self.on_write is not None:
                 self.on_write(slot.group, lo - ps, hi - ps)
         self.settle([slot])
@@ -314,7 +374,8 @@ class PartitionedParams:
 
     def numel_held(self) -> int:
         """Elements of this rank's partitions plus the whole (persistent) parameters it keeps."""
-        return sum(p.numel() for p in self.parts) + sum(s.numel for s in self.slots.values() if s.persistent)
+        held = self.swap.cpu_numel if self.swap is not None else sum(self.part_numels)
+        return held + sum(s.numel for s in self.slots.values() if s.persistent)
 
 
 class _Filled:

@@ -49,9 +49,9 @@ class NvmeSpaceError(OSError):
 
 
 class SwapFolder:
-    """This rank's folder of swap files under ``nvme_path``; emptied when created (stale files are scratch)."""
+    """This rank's folder of swap files under ``nvme_path/name``; emptied when created (stale files are scratch)."""
 
-    def __init__(self, nvme_path: str | None, rank: int, key: str) -> None:
+    def __init__(self, nvme_path: str | None, rank: int, key: str, name: str = "ds_swap") -> None:
         if not nvme_path:
             raise ZeroConfigError(f"zero_optimization.{key}.device 'nvme' needs {key}.nvme_path: a directory")
         if not os.path.isdir(nvme_path):
@@ -64,7 +64,7 @@ class SwapFolder:
                 f"zero_optimization.{key}.nvme_path {nvme_path!r} is not writable by this process; "
                 "fix its permissions or point nvme_path at a writable directory"
             )
-        self.path = os.path.join(nvme_path, "ds_swap", f"rank{rank:05d}")
+        self.path = os.path.join(nvme_path, name, f"rank{rank:05d}")
         if os.path.isdir(self.path):  # a previous (killed) run's files: scratch, never state
             shutil.rmtree(self.path)
         os.makedirs(self.path)

@@ -1,7 +1,7 @@
 """DeepSpeed's ``deepspeed.runtime.zero.offload_config``: the offload sections' models, over ds_config.
 
 The models are ds_config's ``OffloadOptimizerConfig`` / ``OffloadParamConfig`` (see
-``deepspeed.runtime._views``); ``nvme`` is accepted for ``offload_optimizer`` at stage 3 (ds_zero's own swap files) and refused for ``offload_param``.
+``deepspeed.runtime._views``); ``nvme`` is accepted for ``offload_optimizer`` and ``offload_param`` at stage 3 (ds_zero's own swap files).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = [
 
 
 class OffloadDeviceEnum(str, Enum):
-    """Where an offloaded partition lives (``nvme`` is refused by ds's config: ZeRO-Infinity is not built)."""
+    """Where an offloaded partition lives (``nvme``: files under ``nvme_path``, stage 3 only)."""
 
     none = "none"
     cpu = "cpu"

@@ -1,0 +1,262 @@
+"""NVMe offload of the parameters (``offload_param.device: "nvme"``): ZeRO-3 weight partitions in files.
+
+A rank's partition of a param group is cut into *pieces*: the elements of each parameter this rank owns.
+In model order, pieces stay in CPU memory while their total stays within ``max_in_cpu`` elements (as in
+DeepSpeed 0.19.8, whose flat CPU buffer holds that many elements); every later piece lives in
+``nvme_path/ds_swap_params/rank{r:05d}/g{g}.param.bin``, each at its own ``ALIGN``-aligned offset, and moves
+through at most ``buffer_count`` buffers of ``buffer_size`` elements (page-locked with ``pin_memory``
+where an accelerator allows it). A gather reads the piece into a buffer, copies it into the parameter's
+full tensor (or the collective's buffer) and gives the buffer back (``piece``, ``done``). The fetch
+schedule reads the next modules' pieces ahead of use into the free buffers (``read_ahead``, by the
+recorded module order), so their I/O overlaps the current module's compute; a read issued ahead is
+given up when its buffer is needed now (``steals``) or when the micro-step ends (``drop_ahead``).
+Writes (a step's new weights, a load, a ``GatheredParameters`` modification) also go through a buffer,
+so every transfer is aligned and through ``O_DIRECT``.
+
+The files are scratch like the optimizer's (``_swap.SwapFolder``): emptied when a run starts, never read
+as state; checkpoints stay ds's portable format.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from .._errors import ZeroConfigError
+from ._swap import SwapFolder
+
+__all__ = ["ParamSwap"]
+
+logger = logging.getLogger("ds_zero")
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+@dataclass(eq=False)
+class _Piece:
+    key: Hashable
+    name: str
+    group: int
+    lo: int  # [lo, hi): elements of the rank's partition of the group
+    hi: int
+    offset: int = -1  # bytes into the group's file; -1 while the piece is kept in CPU memory
+    cpu: torch.Tensor | None = None
+
+    @property
+    def numel(self) -> int:
+        return self.hi - self.lo
+
+
+class ParamSwap:
+    """This rank's parameter pieces: ``max_in_cpu`` elements of them in memory, the rest in files."""
+
+    def __init__(
+        self,
+        folder: SwapFolder,
+        io: AsyncFileIO,
+        *,
+        buffer_count: int,
+        buffer_size: int,
+        max_in_cpu: int,
+        pin_memory: bool,
+    ) -> None:
+        if buffer_count < 1 or buffer_size < 1:
+            raise ZeroConfigError(
+                f"offload_param.buffer_count and buffer_size must be >= 1, got {buffer_count} and {buffer_size}"
+            )
+        self.folder, self.io = folder, io
+        self.buffer_count, self.buffer_size = buffer_count, buffer_size
+        self.max_in_cpu, self.pin_memory = max_in_cpu, pin_memory
+        self.dtypes: list[torch.dtype] = []
+        self.groups: list[list[_Piece]] = []
+        self._pieces: dict[Hashable, _Piece] = {}
+        self.cpu_numel = 0  # elements kept in memory (at most max_in_cpu)
+        self.file_numel = 0  # elements in the files
+        self._spilled = False  # a piece went to a file: every later one does too (model order)
+        self._free: list[torch.Tensor] = []
+        self._held: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # read, not used yet
+        self._using: dict[Hashable, torch.Tensor] = {}
+        # observed by the tests
+        self.buffers_allocated = 0  # never above buffer_count
+        self.peak_buffers_in_use = 0
+        self.reads = 0  # pieces read from the files
+        self.reads_ahead = 0  # of which issued ahead of use by the fetch schedule
+        self.steals = 0  # reads issued ahead and given up for a buffer needed now
+        self._pinned_said = False
+
+    # ------------------------------------------------------------------ setup
+    def add_group(self, dtype: torch.dtype, pieces: Sequence[tuple[Hashable, str, int, int]]) -> None:
+        """Register the next group's pieces ``(key, name, lo, hi)`` (partition coordinates, in model order)
+        and reserve its file; contents are written with ``write_piece``."""
+        g = len(self.groups)
+        self.dtypes.append(dtype)
+        size = torch.empty(0, dtype=dtype).element_size()
+        out, offset = [], 0
+        for key, name, lo, hi in pieces:
+            p = _Piece(key, name, g, lo, hi)
+            if not self._spilled and self.cpu_numel + p.numel <= self.max_in_cpu:
+                p.cpu = torch.empty(p.numel, dtype=dtype)
+                self.cpu_numel += p.numel
+            else:
+                self._spilled = True
+                if p.numel > self.buffer_size:
+                    raise ZeroConfigError(
+                        f"offload_param.buffer_size {self.buffer_size} is smaller than this rank's partition of "
+                        f"parameter {name} ({p.numel} elements); set buffer_size to at least the largest "
+                        "parameter partition (parameter numel / data-parallel size)"
+                    )
+                p.offset = offset
+                offset += _aligned(p.numel * size)
+                self.file_numel += p.numel
+            out.append(p)
+            self._pieces[key] = p
+        self.groups.append(out)
+        self.folder.reserve(self._name(g), offset)
+
+    def _name(self, g: int) -> str:
+        return f"g{g}.param.bin"
+
+    def local(self, key: Hashable) -> torch.Tensor:
+        """What a parameter's ``ds_tensor`` is: its piece while in memory, else an empty tensor."""
+        p = self._pieces.get(key)
+        if p is None or p.cpu is None:
+            return torch.empty(0, dtype=self.dtypes[p.group] if p else torch.float32)
+        return p.cpu
+
+    # ------------------------------------------------------------------ buffers
+    def _take(self) -> torch.Tensor:
+        if self._free:
+            buf = self._free.pop()
+        elif self.buffers_allocated < self.buffer_count:
+            self.buffers_allocated += 1
+            size = max(torch.empty(0, dtype=d).element_size() for d in self.dtypes)
+            buf = aligned_empty(self.buffer_size * size)
+            if self.pin_memory:
+                buf = self._pin(buf)
+        elif self._held:  # the read issued last is needed last: give it up
+            _, (buf, handle) = self._held.popitem(last=True)
+            handle.wait()
+            self.steals += 1
+        else:
+            raise RuntimeError(
+                "offload_param: every swap buffer is in use (a piece taken and not given back)"
+            )
+        in_use = self.buffers_allocated - len(self._free)
+        self.peak_buffers_in_use = max(self.peak_buffers_in_use, in_use)
+        return buf
+
+    def _pin(self, buf: torch.Tensor) -> torch.Tensor:
+        try:
+            return buf.pin_memory()
+        except RuntimeError:  # no accelerator: page-locking needs one in torch
+            if not self._pinned_said:
+                self._pinned_said = True
+                logger.info("offload_param.pin_memory: no accelerator here, swap buffers stay pageable")
+            return buf
+
+    def _view(self, buf: torch.Tensor, p: _Piece) -> torch.Tensor:
+        size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
+        return buf[: p.numel * size].view(self.dtypes[p.group])
+
+    def _read(self, p: _Piece, buf: torch.Tensor) -> IOHandle:
+        self.reads += 1
+        size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
+        return self.io.read(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
+
+    def _write(self, p: _Piece, buf: torch.Tensor) -> None:
+        size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
+        self.io.write(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)]).wait()
+
+    # ------------------------------------------------------------------ gathers
+    def piece(self, key: Hashable) -> torch.Tensor:
+        """The piece's values in memory (read now unless a read ahead brought it); ``done`` gives it back."""
+        p = self._pieces[key]
+        if p.cpu is not None:
+            return p.cpu
+        held = self._held.pop(key, None)
+        if held is not None:
+            buf, handle = held
+        else:
+            buf = self._take()
+            handle = self._read(p, buf)
+        handle.wait()
+        self._using[key] = buf
+        return self._view(buf, p)
+
+    def done(self, key: Hashable) -> None:
+        buf = self._using.pop(key, None)
+        if buf is not None:
+            self._free.append(buf)
+
+    def read_ahead(self, key: Hashable) -> bool:
+        """Start reading a piece the schedule says is needed soon; False when no buffer is free for it."""
+        p = self._pieces.get(key)
+        if p is None or p.cpu is not None or key in self._held:
+            return True
+        if not self._free and self.buffers_allocated >= self.buffer_count:
+            return False
+        buf = self._take()
+        self._held[key] = (buf, self._read(p, buf))
+        self.reads_ahead += 1
+        return True
+
+    def ahead(self) -> int:
+        """Reads issued ahead of use and not consumed yet."""
+        return len(self._held)
+
+    def drop_ahead(self, key: Hashable | None = None) -> None:
+        """Give up the reads issued ahead (of ``key`` only, when given)."""
+        keys = list(self._held) if key is None else [key] if key in self._held else []
+        for k in keys:
+            buf, handle = self._held.pop(k)
+            handle.wait()
+            self._free.append(buf)
+
+    # ------------------------------------------------------------------ ranges of a partition
+    def _overlapping(self, g: int, lo: int, hi: int):
+        for p in self.groups[g]:
+            a, b = max(lo, p.lo), min(hi, p.hi)
+            if a < b:
+                yield p, a, b
+
+    def read_range(self, g: int, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` of the rank's partition of group ``g`` (padding reads as zeros)."""
+        out = torch.zeros(hi - lo, dtype=self.dtypes[g])
+        for p, a, b in self._overlapping(g, lo, hi):
+            out[a - lo : b - lo].copy_(self.piece(p.key)[a - p.lo : b - p.lo])
+            self.done(p.key)
+        return out
+
+    def write_range(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Set elements ``[lo, hi)`` of the partition (padding elements are not stored)."""
+        for p, a, b in self._overlapping(g, lo, hi):
+            src = values[a - lo : b - lo]
+            if p.cpu is not None:
+                p.cpu[a - p.lo : b - p.lo].copy_(src)
+                continue
+            self.drop_ahead(p.key)  # a read issued ahead holds the old values
+            if (a, b) == (p.lo, p.hi):
+                buf = self._take()
+                self._view(buf, p).copy_(src)
+            else:  # part of the piece: read, modify, write
+                self.piece(p.key)
+                buf = self._using.pop(p.key)
+                self._view(buf, p)[a - p.lo : b - p.lo].copy_(src)
+            self._write(p, buf)
+            self._free.append(buf)
+
+    def write_piece(self, key: Hashable, values: torch.Tensor) -> None:
+        p = self._pieces[key]
+        self.write_range(p.group, p.lo, p.hi, values)
+
+    def file_bytes(self) -> int:
+        """Bytes the files hold for the pieces (without the alignment padding)."""
+        return sum(p.numel * torch.empty(0, dtype=self.dtypes[p.group]).element_size()
+                   for ps in self.groups for p in ps if p.cpu is None)  # fmt: skip

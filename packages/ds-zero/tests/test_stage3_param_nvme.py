@@ -1,0 +1,107 @@
+"""NVMe parameter offload at stage 3 (``offload_param.device: "nvme"``), on real gloo ranks and real files.
+
+One spawn of 2 ranks runs every case: parity in fp32 (parameters alone on nvme, with the optimizer too,
+half the pieces in memory) and bf16 (both on nvme); where the partitions are; the buffers; the read-ahead;
+faults; a checkpoint round trip. The effects are observed: file sizes, the bytes of every tensor storage
+alive in the process, buffers counted, reads in flight counted at each module's forward. One rank and 4
+ranks are covered at the engine level: integration/test_engine_parity.py's ``stage3-fp32-gas1-nvme`` runs
+in every integration session and is resumed at 4 ranks from 2.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import _param_nvme_workers as pw
+import pytest
+from rank_testing import spawn
+
+_ALIGN = 4096
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pnvme2")
+    ro = root / "ro"  # not writable even by root: a read-only file system
+    small = root / "small"  # too small for the parameter files
+    ro.mkdir()
+    small.mkdir()
+    mounted = os.geteuid() == 0
+    if mounted:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(ro)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", str(small)], check=True)
+    try:
+        return spawn(pw.main, 2, str(root), True, timeout_s=600)
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(ro)], check=True)
+            subprocess.run(["umount", str(small)], check=True)
+
+
+def test_losses_match_no_offload_and_cpu_offload_on_2_ranks(two):
+    for rank, r in enumerate(two):
+        bad = {k: v for k, v in r["parity"].items() if v["loss"] != 0.0 or v["weights"] != 0.0}
+        assert not bad, f"rank {rank}: nvme differs from no offload: {bad}"
+        print(f"rank {rank} seconds: {r['seconds']}")
+        for name in ("nvme-param", "nvme-both", "nvme-half"):
+            assert r["parity"][f"float32/{name}"]["reads"] > 0
+
+
+def test_partitions_live_in_per_rank_files_within_max_in_cpu(two):
+    for rank, r in enumerate(two):
+        e = r["effects"]
+        n = e["disk"]["partition_numel"]
+        for name, in_files in (("disk", n), ("half", n - 66_048), ("ram", 0)):
+            run = e[name]
+            assert run["folder"].endswith(f"ds_swap_params/rank{rank:05d}")
+            assert run["file_numel"] == in_files and run["cpu_numel"] == n - in_files, (name, run)
+            # every piece in the files, each at an aligned offset: the file holds exactly those bytes
+            assert in_files * 4 <= run["files"]["g0.param.bin"] < in_files * 4 + 32 * _ALIGN, (name, run)
+        # the partitions not kept in memory are not allocated anywhere in the process
+        ram, half, disk = (e[k]["live_bytes"] for k in ("ram", "half", "disk"))
+        assert ram - disk >= 0.6 * n * 4, (ram, disk, n)
+        assert ram > half > disk, (ram, half, disk)
+
+
+def test_buffer_count_and_buffer_size_bound_the_buffers(two):
+    for r in two:
+        e = r["effects"]
+        size = -(-16_384 * 4 // _ALIGN) * _ALIGN
+        for count in (2, 5):
+            b = e[f"buffers-{count}"]
+            assert 1 <= b["allocated"] <= count and b["peak_in_use"] <= count, b
+            assert b["buffer_bytes"] == [size] * b["allocated"], b
+        assert e["buffers-2"]["allocated"] == 2
+        assert e["buffers-5"]["allocated"] > 2, "more buffers allowed: more are used for reads ahead"
+        assert "buffer_size 1000" in e["small_buffer"] and "layers." in e["small_buffer"]
+
+
+def test_reads_of_the_next_modules_are_in_flight_when_a_module_starts(two):
+    for r in two:
+        e = r["effects"]
+        for count in (2, 5):
+            b = e[f"buffers-{count}"]
+            assert b["reads_ahead"] > 0 and max(b["ahead_at_forward"]) > 0, b
+            assert max(b["ahead_at_forward"]) <= count
+        assert max(e["buffers-5"]["ahead_at_forward"]) > max(e["buffers-2"]["ahead_at_forward"])
+        # stage3_prefetch_bucket_size 0: no prefetch, so no read ahead either
+        assert e["no-prefetch"]["reads_ahead"] == 0 and max(e["no-prefetch"]["ahead_at_forward"]) == 0
+
+
+def test_faults_name_the_path_and_stale_files_are_scratch(two):
+    for r in two:
+        f = r["faults"]
+        assert "no-such-dir" in f["missing"] and "offload_param.nvme_path" in f["missing"], f
+        assert "/ro'" in f["readonly"] and "not writable" in f["readonly"], f
+        assert f["stale_loss_diff"] == 0.0, "a killed run's swap file was read as the weights"
+        assert f["stale_files"] == ["g0.param.bin"], f
+        if os.geteuid() == 0:  # the test mounted the small tmpfs
+            assert (
+                "g0.param.bin" in f["disk_full"] and "needs" in f["disk_full"] and "free" in f["disk_full"]
+            ), f
+
+
+def test_checkpoint_saved_with_params_on_disk_resumes(two):
+    for r in two:
+        assert r["checkpoint"] == {"nvme": 0.0, "none": 0.0}, r["checkpoint"]

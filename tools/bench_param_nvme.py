@@ -1,0 +1,103 @@
+"""Stage 3 with the parameters in CPU memory against on disk (offload_param cpu vs nvme), side by side.
+
+One process (gloo, world 1), a stack of square Linear layers, both offloads on the same device kind each
+run (cpu/cpu, then nvme/nvme with max_in_cpu 0), AdamW. Prints per run: the median step time (forward +
+backward + step) over the steps after the first, the bytes the swap files took in and gave per step
+(parameters and optimizer state), the peak RSS of the run (each run is its own process), and whether the
+losses are equal.
+
+    python tools/bench_param_nvme.py --layers 8 --width 2048 --steps 4 --nvme-path /var/tmp/ds-nvme
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+from ds_zero import ZeroStage3Optimizer
+from ds_zero.stage3 import Stage3Options
+from ds_zero.stage3._options import NvmeOptions, ParamNvmeOptions
+from torch import nn
+
+
+def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(width, width) for _ in range(layers)))
+    zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-4), options)
+    times, losses = [], []
+    io = zero.aio.stats if zero.aio is not None else None
+    before = (io.bytes_read, io.bytes_written) if io else (0, 0)
+    for step in range(steps):
+        x = torch.randn(8, width, generator=torch.Generator().manual_seed(step))
+        t0 = time.perf_counter()
+        loss = model(x).pow(2).mean()
+        zero.backward(loss)
+        zero.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    moved = ((io.bytes_read - before[0]) / steps, (io.bytes_written - before[1]) / steps) if io else (0, 0)
+    return {
+        "step_s": statistics.median(times[1:]) if steps > 1 else times[0],
+        "read_mb_per_step": moved[0] / 1e6,
+        "written_mb_per_step": moved[1] / 1e6,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "losses": losses,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--width", type=int, default=2048)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument(
+        "--nvme-path", default=None, help="a directory on the disk to measure (default: a temp dir)"
+    )
+    parser.add_argument("--only", choices=("cpu", "nvme"), help=argparse.SUPPRESS)  # one run, in a child
+    args = parser.parse_args()
+    if args.only is None:  # each run in its own process, so each peak RSS is its own
+        results = {}
+        for name in ("cpu", "nvme"):
+            out = subprocess.run([sys.executable, *sys.argv, "--only", name], capture_output=True, text=True)
+            if out.returncode:
+                raise SystemExit(out.stderr)
+            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        print(results["cpu"]["header"])
+        for name, r in results.items():
+            print(f"{name:5s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
+                  f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB")  # fmt: skip
+        print("losses equal:", results["cpu"]["losses"] == results["nvme"]["losses"])
+        return
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    base = Stage3Options(param_persistence_threshold=0, sub_group_size=args.width * args.width)
+    path = args.nvme_path or tempfile.mkdtemp(prefix="ds-bench-nvme-")
+    os.makedirs(path, exist_ok=True)
+    params = args.layers * (args.width * args.width + args.width)
+    header = f"{args.layers} x Linear({args.width}, {args.width}): {params / 1e6:.1f}M parameters, nvme_path {path}"
+    runs = {
+        "cpu": dataclasses.replace(base, offload_param=True, offload_optimizer=True),
+        "nvme": dataclasses.replace(
+            base,
+            param_nvme=ParamNvmeOptions(
+                path, buffer_count=4, buffer_size=args.width * args.width, max_in_cpu=0
+            ),
+            optimizer_nvme=NvmeOptions(path, buffer_count=2, pipeline_read=True, pipeline_write=True),
+        ),
+    }
+    result = run(runs[args.only], args.layers, args.width, args.steps)
+    dist.destroy_process_group()
+    print(json.dumps({**result, "header": header}))
+
+
+if __name__ == "__main__":
+    main()
