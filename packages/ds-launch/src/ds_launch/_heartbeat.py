@@ -166,13 +166,17 @@ def _launcher_timeout(sock: socket.socket) -> float:
 
 
 def _forward(sock: socket.socket, parent: int, pipe: int) -> str:
-    """Beat and forward until the rank ends (returns "") or the launcher is lost (returns what was seen)."""
+    """Beat and forward until the rank ends (returns "") or the launcher is lost (returns what was seen).
+
+    A rank that has exited may have left its end record in the pipe unread (a short script ends while its
+    beater still waits for the launcher's answer to the hello): what the pipe holds is forwarded first."""
     send = sock.sendall
     pending, where, next_beat = b"", "", 0.0
-    while os.getppid() == parent:
+    while True:
+        alive = os.getppid() == parent
         try:
             now = time.monotonic()
-            if now >= next_beat:
+            if alive and now >= next_beat:
                 beat = {
                     "beat": time.time(),
                     "cpu_s": _cpu_s(parent),
@@ -181,13 +185,16 @@ def _forward(sock: socket.socket, parent: int, pipe: int) -> str:
                 }
                 send((json.dumps(beat) + "\n").encode())
                 next_beat = now + BEAT_S
-            ready, _, _ = select.select([pipe, sock], [], [], max(0.0, next_beat - time.monotonic()))
+            wait = max(0.0, next_beat - time.monotonic()) if alive else 0.0
+            ready, _, _ = select.select([pipe, sock] if alive else [pipe], [], [], wait)
             if sock in ready and not sock.recv(256):
                 return "the launcher closed its connection (it ended the job)"
         except OSError as exc:
             return f"the connection to the launcher failed ({exc.strerror or exc}): cut off from its host"
         if pipe not in ready:
-            continue
+            if alive:
+                continue
+            return ""  # the rank is gone and the pipe holds nothing more: the launcher sees the close
         chunk = os.read(pipe, 1 << 16)
         if not chunk:
             return ""  # the rank exited without saying how: the launcher sees the connection close
@@ -205,7 +212,6 @@ def _forward(sock: socket.socket, parent: int, pipe: int) -> str:
                     pass  # the rank is ending anyway
                 return ""
             where = message.get("where", where)
-    return ""
 
 
 def _end_rank(rank: int, parent: int, why: str) -> None:

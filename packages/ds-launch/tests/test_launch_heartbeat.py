@@ -1,0 +1,38 @@
+"""A rank's end record reaches the launcher's monitor however soon the rank exits.
+
+The rank hands its record to its beater (a forked helper) through a pipe and exits; the beater may still be
+waiting for the launcher's answer to its hello then. Seen under mpirun in CI: a 50-line script's rank 1
+"ended without reporting how" and a job whose ranks all exited 0 failed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from ds_launch._heartbeat import MONITOR_ENV
+from ds_launch._monitor import Monitor
+
+RANK = """
+import os
+from ds_launch._heartbeat import start_from_env
+start_from_env(0).end({"code": 0})
+os._exit(0)  # at once: the beater is still connecting
+"""
+
+
+def test_a_rank_that_exits_at_once_still_reports_its_end():
+    for attempt in range(8):
+        monitor = Monitor(world_size=1)
+        try:
+            env = {**os.environ, MONITOR_ENV: monitor.endpoints()}
+            assert subprocess.run([sys.executable, "-c", RANK], env=env, timeout=60).returncode == 0
+            deadline = time.monotonic() + 20  # the beater outlives the rank: wait for its connection
+            while 0 not in monitor.hosts() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            monitor.settle(timeout_s=20)
+            assert monitor.unaccounted() == [], f"attempt {attempt}"
+        finally:
+            monitor.close()
