@@ -50,6 +50,7 @@ def _kill_run(root) -> int:
                 "RANK": str(r),
                 "WORLD_SIZE": "2",
                 "LOCAL_RANK": str(r),
+                "LOCAL_WORLD_SIZE": "2",  # never one left in the environment by an earlier test
                 "OMP_NUM_THREADS": "1",
             },
         )  # fmt: skip
