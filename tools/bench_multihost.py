@@ -108,14 +108,14 @@ def _launch(
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def train(cluster: Cluster, steps: int, warmup: int) -> list[str]:
+def train(cluster: Cluster, steps: int, warmup: int, stages: list[int]) -> list[str]:
     script = cluster.shared / "train_rank.py"
     script.write_text(TRAIN_RANK)
     rows = [
         "| ZeRO | layout | launch to first step (s) | step (s, median) | collectives over |",
         "|---|---|---|---|---|",
     ]
-    for stage in (2, 3):
+    for stage in stages:
         for layout, slots in (("2 hosts x 2", {"node0": 2, "node1": 2}), ("1 host x 4", {"node0": 4})):
             hostfile = cluster.hostfile(cluster.shared / "train.hosts", slots=slots, names=list(slots))
             out = cluster.shared / f"train-{stage}-{len(slots)}.json"
@@ -213,6 +213,7 @@ def main() -> None:
     p.add_argument("--only", choices=["train", "bandwidth", "faults"], action="append")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--stages", type=int, nargs="+", default=[2, 3], choices=[0, 1, 2, 3], help="ZeRO stages to train")
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fault", choices=["lost", "partition", "hang", "raise"], action="append")
@@ -221,7 +222,7 @@ def main() -> None:
     with Cluster(2, private_tmp=True) as cluster:
         tables = []
         if "train" in parts:
-            tables.append(train(cluster, args.steps, args.warmup))
+            tables.append(train(cluster, args.steps, args.warmup, args.stages))
         if "bandwidth" in parts:
             tables.append(bandwidth(cluster, args.mib, args.repeats))
         if "faults" in parts:
