@@ -23,7 +23,7 @@ MODES = ["zero_grad", "accumulate"]
 def runs(tmp_path_factory) -> dict:
     """Every run of this file, keyed ``STAGE:MODE``; the refused ("late") ones last."""
     out = tmp_path_factory.mktemp("gan") / "gan.json"
-    wanted = [f"{stage}:{mode}" for mode in MODES for stage in (0, 1, 2)] + ["1:late", "2:late"]
+    wanted = [f"{stage}:{mode}" for mode in MODES for stage in (0, 1, 2)] + [f"{s}:late" for s in (0, 1, 2)]
     launch("gan_two_engines.py", str(out), *wanted, num_procs=2)
     return read_json(out)
 
@@ -41,7 +41,8 @@ def test_gan_at_stages_1_and_2_trains_like_stage_0(runs, mode):
 
 
 def test_gradients_after_the_last_backward_are_refused_by_name(runs):
-    for stage in (1, 2):
+    """The engine's step() refuses them at every stage (stage 0 used to apply them to each rank unaveraged)."""
+    for stage in (0, 1, 2):
         run = runs[f"{stage}:late"]
-        assert run["error"] is not None and "ZeroConfigError" in run["error"], (stage, run["error"])
+        assert run["error"] is not None and "OutsideGradientError" in run["error"], (stage, run["error"])
         assert "0.weight" in run["error"] and "zero_grad()" in run["error"], run["error"]

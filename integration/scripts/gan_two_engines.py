@@ -3,7 +3,7 @@
 The discriminator's parameters receive gradients during the generator engine's backward; the script
 clears them with ``netD.zero_grad()`` on the raw module (mode ``zero_grad``), or leaves them to add
 into D's next backward (mode ``accumulate``), or lets them arrive after D's backward and before D's
-step (mode ``late``: stage 0 applies them to each rank unaveraged; ZeRO must refuse). Rank 0 writes
+step (mode ``late``: unaveraged on each rank; the engine's step() refuses them at every stage). Rank 0 writes
 D's and G's final weights (or the error) as JSON, one entry per run. Used by test_zero_outside_backward.py.
 Several runs share one launch (each builds its own fresh engines), because a launch costs more than a run.
 Usage: ds-launch --num_procs W gan_two_engines.py OUT.json STAGE:MODE [STAGE:MODE ...]

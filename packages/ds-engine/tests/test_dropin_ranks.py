@@ -7,12 +7,12 @@ import json
 import warnings
 from pathlib import Path
 
+import _step_guard_workers
 import ds_engine
 import ds_zero
 import pytest
 import torch
 import torch.distributed as dist
-from rank_testing import spawn
 
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_behaviour.json").read_text())["no_sync"]
 _COLLECTIVES = ("all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "reduce_scatter")
@@ -102,14 +102,8 @@ def _all_checks(rank: int, world: int, root: str) -> dict:
         "grads": _grads_after_backward(rank, world),
         "own_dir": _save_to_own_dir(rank, world, str(Path(root) / "own")),
         "same_dir": _save_same(rank, world, str(Path(root) / "same")),
+        "step_guard": _step_guard_workers.checks(rank, world),  # read by test_engine_step_guard.py
     }
-
-
-@pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> tuple[list[dict], Path]:
-    root = tmp_path_factory.mktemp("ranks")
-    (root / "own").mkdir()
-    return spawn(_all_checks, 2, str(root)), root
 
 
 def test_no_sync_keeps_the_boundary_gradients_local(ranks):

@@ -19,6 +19,7 @@ from torch import nn
 from ds_engine._assemble import Parts
 from ds_engine._data import build_dataloader
 from ds_engine._getters import ConfigGetters
+from ds_engine._grad_guard import OutsideGradients
 from ds_engine._key_getters import KeyGetters
 from ds_engine._missing import missing_function
 from ds_engine._monitor import Monitor
@@ -70,6 +71,8 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         self._step_applied = True
         self._inside_no_sync = False
         self._kept_local = False  # the last backward ran inside no_sync(): its gradients were not reduced
+        # gradients from a backward the script ran itself are refused by step() (see _grad_guard)
+        self._outside = OutsideGradients(parts.model)
         self.monitor = Monitor.from_config(config, topology.rank)
         self.timers = WallClockTimers(config.wall_clock_breakdown, topology.device)
         if config.dump_state and topology.rank == 0:
@@ -155,7 +158,9 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         reducer = self.parts.reducer if self._reduce_this_step() else None
         if self.is_gradient_accumulation_boundary() and self.monitor.enabled:
             self.monitor.write_events([("Train/Samples/train_loss", loss.mean().item(), self.global_samples)])
-        with self.timers.time(BACKWARD):
+        # gradients a script's own backward left in .grad are reduced with this one, unscaled (see _grad_guard)
+        unscaled_ok = gas == 1 and self.parts.scaler is None and not self.ds_config.amp.enabled
+        with self.timers.time(BACKWARD), self._outside.engine_backward(adopt_earlier=unscaled_ok):
             if reducer is not None:
                 reducer.set_boundary(boundary)
             if hasattr(self.optimizer, "set_boundary"):  # ZeRO stage 1 with overlap_comm reduces in backward
@@ -173,9 +178,9 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         return loss / gas if scale_wrt_gas else loss
 
     # DeepSpeed 0.19.8's torch-style backward: ``engine.scale(loss).backward()`` (or a direct
-    # ``loss.backward()``) with the reduction run by hooks at the end of autograd's pass. ds reduces inside
-    # ``engine.backward`` only, so a scaled loss handed back for a manual backward would step on unreduced
-    # gradients: refused, naming the feature.
+    # ``loss.backward()``) with the division by gradient accumulation and the reduction run by hooks around
+    # autograd's pass (at ZeRO 1-3; ZeRO 0 refuses it). ds scales and reduces inside ``engine.backward``
+    # only: step() refuses the gradients of such a backward (_grad_guard), and scale() names the feature.
     scale = missing_function(
         "deepspeed.runtime.engine.DeepSpeedEngine",
         "scale",
@@ -188,6 +193,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         if self._inside_no_sync:
             raise NoSyncError("It is illegal to call Engine.step() inside no_sync context manager")
         self._require_optimizer("step")
+        self._outside.check()
         if self._kept_local and self.is_gradient_accumulation_boundary():
             # DeepSpeed 0.19.8 steps on the unreduced gradients here at stage 0 (each rank its own update,
             # clipped by the mean of the ranks' norms) and fails with a KeyError at stage 1
@@ -208,7 +214,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                 if not applied:
                     self.skipped_steps += 1
                 self._step_applied = applied
-                self.optimizer.zero_grad()
+                self.zero_grad()
             self.global_steps += 1
             self.global_samples += self.train_batch_size()
             self._write_step_events()
@@ -232,6 +238,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
     def zero_grad(self) -> None:
         if self.optimizer is not None:
             self.optimizer.zero_grad()
+            self._outside.clear()
 
     def _require_optimizer(self, what: str) -> None:
         if self.parts.evaluation_only:
@@ -465,6 +472,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
     def destroy(self) -> None:
         """Release what the engine holds (monitor files); DeepSpeed's teardown hook."""
         self.monitor.close()
+        self._outside.remove()
 
     def __getattr__(self, name: str) -> Any:
         # nn.Module keeps parameters, buffers and submodules out of __dict__; look there first, then on the

@@ -22,6 +22,7 @@ from ._reducer import GradientReducer
 from ._schedule import BucketSchedule
 from ._state import SHARD_FORMAT
 from ._transport import calls as _transport_calls
+from ._weak_hook import weak_post_accumulate_grad_hook
 from ._zero import ZeroOptimizer, names_of
 from .stage3 import CONFIG_FIELDS_STAGE3, GatheredParameters, PartitionOnConstruction, ZeroStage3Optimizer
 
@@ -67,4 +68,5 @@ __all__ = [
     "names_of",
     "optimizer_of",
     "shm_collective_calls",
+    "weak_post_accumulate_grad_hook",
 ]
