@@ -8,6 +8,15 @@ framework releases pinned in noxfile.py's FRAMEWORKS) and writes
 ``integration/frameworks/fixtures/<framework>.json``: per case, the step losses, and the per-tensor sums
 of the weights the script saves (for the cases that pass ``--save``).
 To add a framework or a case, add rows to CASES: the tests read the fixture by the same case names.
+
+The nvme cases (``zero3_nvme``, ``lightning_stage_3_offload_nvme``) also record ``deepspeed_swap_files``: every
+file DeepSpeed left under the case's nvme_path with its size and non-zero bytes. Recorded 2026-12-06: none.
+DeepSpeed 0.19.8 swaps a parameter partition or an optimizer tensor to disk only when it holds at least
+``max(1 MiB, aio.block_size)`` bytes (``swap_tensor/utils.py`` MIN_AIO_BYTES, ``swappable_tensor``); every
+partition of these small models is below that, so DeepSpeed kept them all in CPU memory and opened no swap
+file (as strace showed for the parity fixture's nvme_params config). These fixtures are DeepSpeed's losses for
+the nvme configs, not evidence of DeepSpeed's I/O; ds has no size floor and writes every partition, which the
+tests observe in the files.
 """
 
 from __future__ import annotations

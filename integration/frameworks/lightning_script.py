@@ -52,9 +52,9 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self, lr: float = 1e-2, width: int = 32) -> None:
+    def __init__(self, lr: float = 1e-2, width: int = 32, cpu_adam: bool = False) -> None:
         super().__init__()
-        self.lr = lr
+        self.lr, self.cpu_adam = lr, cpu_adam
         self.net = nn.Sequential(
             nn.Linear(FEATURES, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1)
         )
@@ -81,6 +81,10 @@ class Regressor(pl.LightningModule):
         return self.net(x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.cpu_adam:  # Lightning's documented optimizer for an offloaded one (DeepSpeed refuses torch's)
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(self.parameters(), lr=self.lr, weight_decay=0.01, adamw_mode=True)
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
 
 
@@ -155,7 +159,11 @@ def main() -> None:
         enable_model_summary=False,
         logger=False,
     )
-    model = Regressor(width=args.width)
+    model = Regressor(
+        width=args.width,
+        cpu_adam=strategy != "ddp"
+        and strategy.config["zero_optimization"].get("offload_optimizer", {}).get("device", "none") != "none",
+    )
     loader = DataLoader(dataset(), batch_size=GLOBAL_BATCH // args.devices, shuffle=False)
     trainer.fit(model, loader, ckpt_path=args.resume)
     if args.final_ckpt:
