@@ -72,3 +72,13 @@ def losses(records: list[dict]) -> list[float]:
 def weights(records: list[dict]) -> dict[str, float] | None:
     found = [r["weights"] for r in records if "weights" in r]
     return found[-1] if found else None
+
+
+def swap_files(nvme_path: Path) -> dict[str, dict[str, int]]:
+    """The files under ``nvme_path``: per path (relative to it), its size and how many of its bytes are not
+    zero (a file only reserved, e.g. by ``fallocate``, reads as zeros: non-zero bytes were written)."""
+    found = {}
+    for path in sorted(p for p in nvme_path.rglob("*") if p.is_file()):
+        data = path.read_bytes()
+        found[str(path.relative_to(nvme_path))] = {"bytes": len(data), "nonzero": len(data) - data.count(0)}
+    return found

@@ -2,6 +2,7 @@
 
     python lightning_script.py --stage 3 --devices 2 --steps 6 [--precision bf16-mixed] [--offload]
         [--save-dir DIR] [--every 3] [--resume CKPT_DIR] [--final-ckpt DIR] [--out losses.json]
+    python lightning_script.py --strategy deepspeed_stage_3_offload_nvme --nvme-path DIR --devices 2 --steps 6
 
 Lightning launches the other ranks itself (its subprocess launcher re-runs this file). Rank 0 prints, as
 the last line of its stdout, ``{"losses": [...], "steps": [...]}``: the loss of each optimizer step,
@@ -14,19 +15,23 @@ the permutation's ``[k*G, (k+1)*G)``, so a run at 1, 2 or 4 ranks trains on the 
 
 The one adjustment for CPU (the same for DeepSpeed and ds, touching no ``deepspeed`` name): Lightning's
 ``DeepSpeedStrategy.setup_environment`` refuses any accelerator but CUDA; ``CPUDeepSpeedStrategy`` skips that
-check and sets up the environment as the DDP strategy it derives from does.
+check and sets up the environment as the DDP strategy it derives from does. For the same reason a
+registered strategy name (``--strategy deepspeed_stage_3_offload_nvme``) is applied as Lightning applies it,
+its registered arguments (``StrategyRegistry[name]["init_params"]``) given to that class, plus the one a
+user must add: ``nvme_path`` (Lightning's default is ``/local_nvme``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, StrategyRegistry
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -47,9 +52,9 @@ class CPUDeepSpeedStrategy(DeepSpeedStrategy):
 
 
 class Regressor(pl.LightningModule):
-    def __init__(self, lr: float = 1e-2, width: int = 32) -> None:
+    def __init__(self, lr: float = 1e-2, width: int = 32, cpu_adam: bool = False) -> None:
         super().__init__()
-        self.lr = lr
+        self.lr, self.cpu_adam = lr, cpu_adam
         self.net = nn.Sequential(
             nn.Linear(FEATURES, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1)
         )
@@ -76,6 +81,10 @@ class Regressor(pl.LightningModule):
         return self.net(x)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
+        if self.cpu_adam:  # Lightning's documented optimizer for an offloaded one (DeepSpeed refuses torch's)
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(self.parameters(), lr=self.lr, weight_decay=0.01, adamw_mode=True)
         return torch.optim.AdamW(self.parameters(), lr=self.lr, weight_decay=0.01)
 
 
@@ -96,6 +105,10 @@ def main() -> None:
     p.add_argument(
         "--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)"
     )
+    p.add_argument(
+        "--strategy", default=None, help="a registered DeepSpeed strategy name (instead of --stage/--offload)"
+    )
+    p.add_argument("--nvme-path", default=None, help="the strategy's nvme_path (created if missing)")
     p.add_argument("--save-dir", default=None, help="ModelCheckpoint directory (saves every --every steps)")
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--resume", default=None, help="a Lightning DeepSpeed checkpoint directory to resume from")
@@ -108,15 +121,24 @@ def main() -> None:
     pl.seed_everything(0, workers=True)
     if args.devices > 1 and GLOBAL_BATCH % args.devices:
         raise SystemExit(f"--devices must divide the global batch {GLOBAL_BATCH}")
+    if args.strategy:
+        registered = StrategyRegistry[args.strategy]
+        if not issubclass(registered["strategy"], DeepSpeedStrategy):
+            raise SystemExit(f"--strategy {args.strategy} is not a DeepSpeed strategy")
+        kwargs = dict(registered["init_params"])
+    else:
+        kwargs = {
+            "stage": args.stage,
+            "offload_optimizer": args.offload,
+            "offload_parameters": args.offload and args.stage == 3,
+        }
+    if args.nvme_path:
+        kwargs["nvme_path"] = os.path.abspath(args.nvme_path)
+        os.makedirs(kwargs["nvme_path"], exist_ok=True)
     strategy = (
         "ddp"
         if args.ddp
-        else CPUDeepSpeedStrategy(
-            stage=args.stage,
-            offload_optimizer=args.offload,
-            offload_parameters=args.offload and args.stage == 3,
-            logging_batch_size_per_gpu=GLOBAL_BATCH // args.devices,
-        )
+        else CPUDeepSpeedStrategy(**kwargs, logging_batch_size_per_gpu=GLOBAL_BATCH // args.devices)
     )
     callbacks = []
     if args.save_dir:
@@ -137,7 +159,11 @@ def main() -> None:
         enable_model_summary=False,
         logger=False,
     )
-    model = Regressor(width=args.width)
+    model = Regressor(
+        width=args.width,
+        cpu_adam=strategy != "ddp"
+        and strategy.config["zero_optimization"].get("offload_optimizer", {}).get("device", "none") != "none",
+    )
     loader = DataLoader(dataset(), batch_size=GLOBAL_BATCH // args.devices, shuffle=False)
     trainer.fit(model, loader, ckpt_path=args.resume)
     if args.final_ckpt:

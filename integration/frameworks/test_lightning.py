@@ -1,6 +1,8 @@
 """Lightning, unmodified, on ds's ``deepspeed`` at 2 ranks through Lightning's own launcher.
 
-Step losses equal DeepSpeed 0.19.8's (fixtures/lightning.json, recorded by tools/make_framework_fixtures.py);
+Step losses equal DeepSpeed 0.19.8's (fixtures/lightning.json, recorded by tools/make_framework_fixtures.py),
+also under Lightning's registered ``deepspeed_stage_3_offload_nvme`` (where ds is seen to write the optimizer
+state under nvme_path);
 Lightning checkpoints (ModelCheckpoint, ``trainer.save_checkpoint``) resume to the same losses as an
 uninterrupted run at 1 and 4 ranks from a 2-rank checkpoint (beyond DeepSpeed: ds reshards), and the
 files hold no pickle. Each launched run is shared through module-scoped fixtures (a Lightning run costs
@@ -61,11 +63,39 @@ def zero3_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     return result, d
 
 
-@pytest.mark.parametrize("case", ["lightning_zero0", "lightning_zero1_bf16", "lightning_zero2"])
+@pytest.mark.parametrize(
+    "case", ["lightning_zero0", "lightning_zero1_bf16", "lightning_zero2", "lightning_stage_3_offload_nvme"]
+)
 def test_losses_equal_deepspeeds(case: str, tmp_path: Path) -> None:
     result = launch(FIXTURE[case]["args"], tmp_path)
     assert result["world_size"] == 2
     assert_close(result["losses"], FIXTURE[case]["losses"], f"{case} ds vs DeepSpeed 0.19.8")
+    if case == "lightning_stage_3_offload_nvme":
+        assert_optimizer_state_on_disk(tmp_path / "nvme", ranks=2)
+
+
+def assert_optimizer_state_on_disk(nvme_path: Path, ranks: int) -> None:
+    """Under ``deepspeed_stage_3_offload_nvme`` ds wrote each rank's optimizer state (fp32 masters, exp_avg,
+    exp_avg_sq: three fp32 copies of the model, less 1% for bytes of a value that happen to be zero) into files
+    under nvme_path. The parameters stay in memory: Lightning's defaults keep up to ``max_in_cpu`` 1e9
+    elements there, and the default ``stage3_param_persistence_threshold`` (1e5) leaves this model's small
+    parameters whole on every rank. DeepSpeed itself wrote no file for this model (it swaps only tensors of
+    1 MiB and more; tools/make_framework_fixtures.py), so the fixture holds its losses, not its I/O."""
+    import importlib.util
+
+    from launch import swap_files
+
+    spec = importlib.util.spec_from_file_location("lightning_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    numel = sum(p.numel() for p in script.Regressor().parameters())
+    found = swap_files(nvme_path)
+    written = {f"rank{r:05d}": 0 for r in range(ranks)}
+    for name, seen in found.items():
+        if not name.startswith("ds_swap_params/"):
+            written[Path(name).parent.name] += seen["nonzero"]
+    assert all(written.values()), f"a rank wrote no optimizer state under {nvme_path}: {found}"
+    assert sum(written.values()) >= 0.99 * 3 * 4 * numel, (written, numel, found)
 
 
 def test_zero3_losses_equal_deepspeeds(zero3_run: tuple[dict, Path]) -> None:

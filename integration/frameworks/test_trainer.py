@@ -3,7 +3,8 @@
 
 Against DeepSpeed 0.19.8's run of the same script (fixtures/trainer.json, recorded by
 tools/make_framework_fixtures.py): step losses at ZeRO 0, 2 (with the optimizer offloaded to the CPU, which
-builds DeepSpeed's CPU Adam as DeepSpeed does) and 3; at ZeRO 3 the weights ``save_model`` writes. Beyond DeepSpeed: a 2-rank checkpoint resumes identically at 2, 1 and 4 ranks (the global batch
+builds DeepSpeed's CPU Adam as DeepSpeed does) and 3; at ZeRO 3 the weights ``save_model`` writes; ZeRO 3 with
+the parameters and the optimizer on ``nvme`` (ZeRO-Infinity), whose state ds is seen to write under nvme_path. Beyond DeepSpeed: a 2-rank checkpoint resumes identically at 2, 1 and 4 ranks (the global batch
 kept at 4), and the checkpoint files ds writes hold no pickle.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import HERE, losses, run_script, weights
+from launch import HERE, losses, run_script, swap_files, weights
 
 pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
@@ -57,16 +58,39 @@ def zero3_run(tmp_path_factory) -> tuple[list[dict], Path]:
 
 def test_fixture_is_deepspeed_0198():
     assert FIXTURE["deepspeed_version"] == "0.19.8"
-    assert set(FIXTURE["cases"]) == {"zero0", "zero2_offload", "zero3"}
+    assert set(FIXTURE["cases"]) == {"zero0", "zero2_offload", "zero3", "zero3_nvme"}
 
 
-@pytest.mark.parametrize("case", ["zero0", "zero2_offload"])
+def assert_swapped_to_disk(nvme_path: Path, numel: int, ranks: int) -> None:
+    """ds wrote each rank's parameter partitions and optimizer state into files under ``nvme_path``: every
+    rank has a parameter file and optimizer files, and the parameter files hold at least the model's fp32
+    values (``numel`` * 4 bytes, less 1% for bytes of a value that happen to be zero) in written, non-zero
+    bytes, the optimizer files three times that (masters, exp_avg, exp_avg_sq)."""
+    found = swap_files(nvme_path)
+    assert found, f"no files under nvme_path {nvme_path}: the offload did not go to disk"
+    by_kind: dict[str, int] = {"param": 0, "optimizer": 0}
+    ranks_seen: dict[str, set[str]] = {"param": set(), "optimizer": set()}
+    for name, seen in found.items():
+        kind = "param" if name.startswith("ds_swap_params/") else "optimizer"
+        by_kind[kind] += seen["nonzero"]
+        ranks_seen[kind].add(Path(name).parent.name)
+    every = {f"rank{r:05d}" for r in range(ranks)}
+    assert ranks_seen == {"param": every, "optimizer": every}, sorted(found)
+    assert by_kind["param"] >= 0.99 * 4 * numel, (by_kind, numel, found)
+    assert by_kind["optimizer"] >= 0.99 * 3 * 4 * numel, (by_kind, numel, found)
+
+
+@pytest.mark.parametrize("case", ["zero0", "zero2_offload", "zero3_nvme"])
 def test_losses_match_deepspeed(case, tmp_path):
     recorded = FIXTURE["cases"][case]
     # zero0 under DeepSpeed's own `deepspeed` command, the others under torchrun
     launcher = deepspeed_command(recorded["ranks"]) if case == "zero0" else None
     records = _run(*recorded["args"], "--out", str(tmp_path), nproc=recorded["ranks"], launcher=launcher)
     assert_close(losses(records), recorded["losses"], f"Trainer {case}")
+    if case == "zero3_nvme":  # ZeRO-Infinity: the same losses, with the state in files under nvme_path
+        numel = next(r["numel"] for r in records if "numel" in r)
+        assert_swapped_to_disk(tmp_path / "nvme", numel, recorded["ranks"])
+        return
     # DeepSpeed's fp32 stage-0 engine reports no gradient norm; the Trainer logs one only where it does
     assert all((r["grad_norm"] is not None) == (case != "zero0") for r in records if "step" in r)
     if (

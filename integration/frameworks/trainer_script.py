@@ -6,7 +6,9 @@ step on rank 0: {"step": n, "loss": x}; with --save, ``Trainer.save_model`` then
 line is {"step_seconds": [...]}: rank 0's wall time of each optimizer step (``on_step_begin`` to
 ``on_step_end``: forward, backward, optimizer step). ``--ddp`` trains with the Trainer's own DDP instead of
 DeepSpeed (the benchmark's baseline, tools/bench_frameworks.py; it clips gradients at 1.0 as DeepSpeed
-does by default); ``--width``/``--layers`` size the model (defaults: the tests' tiny one). Usage:
+does by default); ``--width``/``--layers`` size the model (defaults: the tests' tiny one). ``--nvme`` (ZeRO-3)
+puts the parameters and the optimizer state on ``nvme`` with ``nvme_path`` ``OUT/nvme`` (ZeRO-Infinity:
+``max_in_cpu`` 0 and no persistent parameters, so every partition goes to the files). Usage:
   HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 trainer_script.py --stage 2 --out DIR
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -71,6 +74,9 @@ def main() -> None:
     p.add_argument(
         "--offload", action="store_true", help="offload the optimizer (and at ZeRO-3 the parameters)"
     )
+    p.add_argument(
+        "--nvme", action="store_true", help="ZeRO-3 with parameters and optimizer on nvme under OUT/nvme"
+    )
     args = p.parse_args()
     ds_config = {
         "train_micro_batch_size_per_gpu": "auto",
@@ -83,6 +89,17 @@ def main() -> None:
         ds_config["zero_optimization"]["offload_optimizer"] = {"device": "cpu"}
         if args.stage == 3:
             ds_config["zero_optimization"]["offload_param"] = {"device": "cpu"}
+    if args.nvme:
+        if args.stage != 3:
+            raise SystemExit("--nvme offloads the parameters too: ZeRO stage 3 only")
+        nvme_path = Path(args.out) / "nvme"
+        nvme_path.mkdir(parents=True, exist_ok=True)
+        ds_config["zero_optimization"].update(
+            stage3_param_persistence_threshold=0,
+            offload_param={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4,
+                           "buffer_size": 8192, "max_in_cpu": 0},
+            offload_optimizer={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4},
+        )  # fmt: skip
     training_args = TrainingArguments(
         output_dir=args.out,
         per_device_train_batch_size=args.batch,
@@ -106,6 +123,8 @@ def main() -> None:
         vocab_size=128, n_positions=16, n_embd=args.width, n_layer=args.layers, n_head=2, **no_dropout
     )
     model = GPT2LMHeadModel(config)
+    if int(os.environ.get("RANK", "0")) == 0:  # the parameter count, before any engine partitions it
+        print(json.dumps({"numel": sum(p.numel() for p in model.parameters())}), flush=True)
     timer = StepTimer()
     trainer = Trainer(model=model, args=training_args, train_dataset=Tokens(), callbacks=[PrintLoss(), timer])
     trainer.train(resume_from_checkpoint=args.resume)
