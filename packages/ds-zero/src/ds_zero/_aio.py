@@ -28,6 +28,7 @@ threads that did I/O): the tests observe each key through it.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import threading
 import time
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ALIGN", "AioOptions", "AsyncFileIO", "IOHandle", "IOStats", "aligned_empty"]
+__all__ = ["ALIGN", "AioOptions", "AsyncFileIO", "IOHandle", "IOStats", "aligned_empty", "pinned"]
 
 ALIGN = (
     4096  # O_DIRECT alignment of buffer address, file offset and length (the page size covers 512-byte disks)
@@ -77,6 +78,21 @@ def aligned_empty(nbytes: int) -> torch.Tensor:
     raw = torch.empty(n + ALIGN, dtype=torch.uint8)
     skip = (-raw.data_ptr()) % ALIGN
     return raw[skip : skip + n]
+
+
+_unpinned_said: set[str] = set()
+
+
+def pinned(buf: torch.Tensor, key: str) -> torch.Tensor:
+    """``buf`` page-locked (a buffer's ``pin_memory``), or ``buf`` itself where torch cannot page-lock
+    without an accelerator, said once per config key ``key``."""
+    try:
+        return buf.pin_memory()
+    except RuntimeError:
+        if key not in _unpinned_said:
+            _unpinned_said.add(key)
+            logging.getLogger("ds_zero").info("%s: no accelerator here, swap buffers stay pageable", key)
+        return buf
 
 
 class IOHandle:

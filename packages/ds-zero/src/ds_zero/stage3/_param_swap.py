@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
 from ._swap import SwapFolder
 
@@ -89,7 +89,6 @@ class ParamSwap:
         self.reads = 0  # pieces read from the files
         self.reads_ahead = 0  # of which issued ahead of use by the fetch schedule
         self.steals = 0  # reads issued ahead and given up for a buffer needed now
-        self._pinned_said = False
 
     # ------------------------------------------------------------------ setup
     def add_group(self, dtype: torch.dtype, pieces: Sequence[tuple[Hashable, str, int, int]]) -> None:
@@ -139,7 +138,7 @@ class ParamSwap:
             size = max(torch.empty(0, dtype=d).element_size() for d in self.dtypes)
             buf = aligned_empty(self.buffer_size * size)
             if self.pin_memory:
-                buf = self._pin(buf)
+                buf = pinned(buf, "offload_param.pin_memory")
         elif self._held:  # the read issued last is needed last: give it up
             _, (buf, handle) = self._held.popitem(last=True)
             handle.wait()
@@ -151,15 +150,6 @@ class ParamSwap:
         in_use = self.buffers_allocated - len(self._free)
         self.peak_buffers_in_use = max(self.peak_buffers_in_use, in_use)
         return buf
-
-    def _pin(self, buf: torch.Tensor) -> torch.Tensor:
-        try:
-            return buf.pin_memory()
-        except RuntimeError:  # no accelerator: page-locking needs one in torch
-            if not self._pinned_said:
-                self._pinned_said = True
-                logger.info("offload_param.pin_memory: no accelerator here, swap buffers stay pageable")
-            return buf
 
     def _view(self, buf: torch.Tensor, p: _Piece) -> torch.Tensor:
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
 
 __all__ = ["NvmeSpaceError", "OptimizerSwap", "SwapFolder"]
@@ -138,7 +138,6 @@ class OptimizerSwap:
         self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): order index -> read
         self._slots = 1  # master + state tensors per buffer
         self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
-        self._pinned_said = False
 
     # ------------------------------------------------------------------ files
     def _name(self, g: int, key: str) -> str:
@@ -170,20 +169,11 @@ class OptimizerSwap:
             self.buffers_allocated += 1
             buf = aligned_empty(self._stride * self._slots)
             if self.pin_memory:
-                buf = self._pin(buf)
+                buf = pinned(buf, "offload_optimizer.pin_memory")
             return buf
         buf, handle = writes.popleft()  # the oldest write in flight gives its buffer back
         handle.wait()
         return buf
-
-    def _pin(self, buf: torch.Tensor) -> torch.Tensor:
-        try:
-            return buf.pin_memory()
-        except RuntimeError:  # no accelerator: page-locking needs one in torch
-            if not self._pinned_said:
-                self._pinned_said = True
-                logger.info("offload_optimizer.pin_memory: no accelerator here, buffers stay pageable")
-            return buf
 
     def _slot(self, buf: torch.Tensor, j: int, numel: int) -> torch.Tensor:
         return buf[j * self._stride : j * self._stride + numel * 4].view(torch.float32)
