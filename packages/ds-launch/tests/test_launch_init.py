@@ -162,6 +162,16 @@ def test_a_clean_exit_is_clean_in_a_group_someone_else_created(tmp_path):
         assert [p.returncode for p in procs] == [0] * 4, f"launch {attempt}: {stderrs}"
 
 
+def test_exit_waits_for_a_thread_that_is_still_running(tmp_path):
+    # The pause at exit lasts while another thread of the rank is still runnable (a gloo worker not yet
+    # scheduled on a loaded machine must free its tensors before teardown), up to EXIT_SETTLE_MAX_S:
+    # a thread busy for 0.8 s after the script's end finishes; with a fixed 0.2 s pause it is cut off.
+    procs = _rank_procs([str(tmp_path), "busy"], 2)
+    stderrs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], stderrs
+    assert [(tmp_path / f"busy{r}.txt").exists() for r in range(2)] == [True, True]
+
+
 def test_a_failing_rank_exits_without_waiting_for_its_peers(tmp_path):
     # Tearing down a group with a collective in flight waits for the peers; a rank that dies of an
     # exception must not, or it would hang with the peers waiting for it.

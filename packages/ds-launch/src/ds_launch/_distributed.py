@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from datetime import timedelta
@@ -166,13 +167,36 @@ def _publish(topology: Topology) -> None:
 
 
 # How long a process that ran collectives lets torch's gloo worker threads finish before the interpreter is
-# torn down (see ``_settle``). 50 ms stopped every abort in 80 runs under load; this leaves a margin.
+# torn down (see ``_settle``): at least EXIT_SETTLE_S (50 ms stopped every abort in 80 runs under load; this
+# leaves a margin), and then, while another thread of the process is still running or waiting for a CPU,
+# up to EXIT_SETTLE_MAX_S in all (a thread descheduled on a loaded machine finishes first).
 EXIT_SETTLE_S = 0.2
+EXIT_SETTLE_MAX_S = 3.0
 _settle_registered = False
 
 
+def _runnable_threads() -> int:
+    """How many other threads of this process are running or waiting for a CPU (state R in /proc)."""
+    me = threading.get_native_id()
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # not Linux: nothing to look at, the fixed pause is all there is
+        return 0
+    runnable = 0
+    for tid in tids:
+        if tid == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):  # the thread ended meanwhile
+            continue
+        runnable += state == b"R"
+    return runnable
+
+
 def _settle() -> None:
-    """At interpreter exit, let go of the GIL for a moment.
+    """At interpreter exit, let go of the GIL until the process's other threads are idle.
 
     A gloo worker thread releases each finished collective's tensors after waking the waiter. When the
     script has already dropped its own reference (``dist.all_reduce(torch.ones(1))``, a Trainer's last
@@ -180,9 +204,14 @@ def _settle() -> None:
     during interpreter teardown, Python ends the thread inside C++ and the process aborts ("terminate
     called without an active exception", exit -6) after the script succeeded. Plain torch 2.13 does this
     at exit in about a third of 4-rank runs here. A destroyed group that is still referenced keeps its
-    threads, so only the pause makes exit safe, whoever created the group.
+    threads, so only the pause makes exit safe, whoever created the group. The pause lasts
+    ``EXIT_SETTLE_S``, longer while another thread is still runnable (a worker the scheduler has not run
+    yet on a loaded machine), never more than ``EXIT_SETTLE_MAX_S``.
     """
+    start = time.monotonic()
     time.sleep(EXIT_SETTLE_S)
+    while _runnable_threads() and time.monotonic() - start < EXIT_SETTLE_MAX_S:
+        time.sleep(0.01)
 
 
 def _settle_at_exit() -> None:

@@ -5,11 +5,13 @@ registered before init_distributed runs after init_distributed's own (atexit is 
 and records whether the process group was still initialised at that point, in OUT/exit{RANK}.txt.
 MODE "clean" returns normally right after a collective; "theirs" does too, in a process group torch
 created before init_distributed (as Accelerate and the Trainer do), and records nothing; "raise" leaves an all-reduce in flight and
-raises (rank 0 only; rank 1 waits, as a healthy peer would, until the file OUT/release exists).
+raises (rank 0 only; rank 1 waits, as a healthy peer would, until the file OUT/release exists); "busy"
+returns with a thread of its own still running for 0.8 s, which writes OUT/busy{RANK}.txt when it ends.
 """
 
 import atexit
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,15 @@ if mode == "theirs":  # a metrics gather per step, as a Trainer does: each tenso
     for _ in range(20):
         dist.all_reduce(torch.ones(1000))
         dist.all_reduce(torch.ones(10), async_op=True).wait()
+if mode == "busy":  # a thread still running at exit, like a gloo worker the scheduler has not run yet
+
+    def busy() -> None:
+        end = time.monotonic() + 0.8
+        while time.monotonic() < end:
+            pass
+        (out / f"busy{topo.rank}.txt").write_text("finished")
+
+    threading.Thread(target=busy, daemon=True).start()
 if mode == "raise":
     if topo.rank == 0:
         dist.all_reduce(torch.ones(1 << 16), async_op=True)  # rank 1 never joins this one
