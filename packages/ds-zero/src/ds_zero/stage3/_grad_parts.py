@@ -52,6 +52,15 @@ class GradPartitions:
         self.finish()  # later reductions add to the zeros it writes, so this changes no sum
         return part
 
+    def read(self, g: int, lo: int, hi: int) -> torch.Tensor | None:
+        """Elements ``[lo, hi)`` of group ``g``'s partition gradient (a view), None when it does not exist now."""
+        part = self.get(g)
+        return None if part is None else part[lo:hi]
+
+    def write(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Set elements ``[lo, hi)`` (the partition is allocated, zeros where nothing was reduced)."""
+        self.get(g, allocate=True)[lo:hi].copy_(values)  # type: ignore[index]
+
     def add(self, g: int, lo: int, hi: int, grad: torch.Tensor, alpha: float) -> None:
         """``part[lo:hi] += alpha * grad`` (written, not added, where nothing was reduced yet)."""
         target = self._part(g)

@@ -29,13 +29,17 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
+
+if TYPE_CHECKING:
+    from ._grad_swap import GradFile, GradSwap
 
 __all__ = ["NvmeSpaceError", "OptimizerSwap", "SwapFolder"]
 
@@ -115,6 +119,7 @@ class OptimizerSwap:
         pipeline_read: bool,
         pipeline_write: bool,
         pin_memory: bool,
+        grads: GradSwap | None = None,
     ) -> None:
         if buffer_count < 1:
             raise ZeroConfigError(f"offload_optimizer.buffer_count must be >= 1, got {buffer_count}")
@@ -138,6 +143,11 @@ class OptimizerSwap:
         self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): order index -> read
         self._slots = 1  # master + state tensors per buffer
         self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
+        # with the gradients in files too (``_grad_swap``) each buffer starts with a region for a view's gradient
+        self.grads = grads
+        self._grad_bytes = (
+            grads.region_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0)) if grads else 0
+        )
 
     # ------------------------------------------------------------------ files
     def _name(self, g: int, key: str) -> str:
@@ -167,7 +177,7 @@ class OptimizerSwap:
             return self._free.pop()
         if self.buffers_allocated < self.buffer_count:
             self.buffers_allocated += 1
-            buf = aligned_empty(self._stride * self._slots)
+            buf = aligned_empty(self._grad_bytes + self._stride * self._slots)
             if self.pin_memory:
                 buf = pinned(buf, "offload_optimizer.pin_memory")
             return buf
@@ -176,16 +186,20 @@ class OptimizerSwap:
         return buf
 
     def _slot(self, buf: torch.Tensor, j: int, numel: int) -> torch.Tensor:
-        return buf[j * self._stride : j * self._stride + numel * 4].view(torch.float32)
+        at = self._grad_bytes + j * self._stride
+        return buf[at : at + numel * 4].view(torch.float32)
 
     # ------------------------------------------------------------------ one view in and out
     def _read(self, buf: torch.Tensor, g: int, k: int) -> list[IOHandle]:
         lo, hi = self.bounds[g][k]
         names = [MASTER, *self.keys]
-        return [
+        handles = [
             self.io.read(self._path(g, key), lo * 4, self._slot(buf, j, hi - lo))
             for j, key in enumerate(names)
         ]
+        if self.grads is not None:
+            handles += self.grads.read_into(buf[: self._grad_bytes], g, lo, hi)
+        return handles
 
     def _attach(self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, g: int, k: int) -> None:
         lo, hi = self.bounds[g][k]
@@ -238,6 +252,8 @@ class OptimizerSwap:
     def prefetch(self) -> None:
         """With ``pipeline_read``: issue the reads of the first sub-groups (one per buffer) now, so that they
         run under the work that precedes the step (the gradient norm); ``step`` takes them over."""
+        if self.grads is not None and self._ahead:  # read before a skipped step: those gradients are gone
+            self._drop_ahead()
         if not self.pipeline_read or self._ahead:
             return
         order = self._order()
@@ -261,11 +277,14 @@ class OptimizerSwap:
     def step(
         self,
         optimizer: torch.optim.Optimizer,
-        grads: list[torch.Tensor],
+        grads: Sequence[torch.Tensor | GradFile],
         inv_scale: float,
         updated: Callable[[int, int, int, torch.Tensor], None],
     ) -> None:
-        """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master."""
+        """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master.
+
+        With ``grads`` (``GradSwap``) each view's gradient is read into its buffer with the master and state
+        (the ``grads`` argument is then the files, unused here); else ``grads[g]`` is group ``g``'s in memory."""
         order = self._order()
         reads, self._ahead = self._ahead, {}
         writes: deque = deque()  # (buffer, handle) in issue order
@@ -293,7 +312,11 @@ class OptimizerSwap:
             self._attach(optimizer, buf, g, k)
             lo, hi = self.bounds[g][k]
             view = self.views[g][k]
-            view.grad = grads[g][lo:hi].to(torch.float32).mul_(inv_scale)
+            if self.grads is not None:  # read into this buffer with the master and state
+                grad = self.grads.region_view(buf[: self._grad_bytes], g, lo, hi)
+            else:
+                grad = grads[g][lo:hi]
+            view.grad = grad.to(torch.float32).mul_(inv_scale)
             t0 = time.perf_counter()
             optimizer.step()
             if self.trace is not None:
