@@ -223,8 +223,8 @@ def grads_on_disk(rank: int, world: int, root: str, tiny: str | None) -> dict:
         if zero.swap is not None:
             folder = zero.swap.folder.path
             run["files"] = {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}
-            run["peak_staged_bytes"] = zero.grad_parts.peak_staged_bytes
-            run["read_adds"] = zero.grad_parts.read_adds
+            run["peak_staged_bytes"] = getattr(zero.grad_parts, "peak_staged_bytes", None)
+            run["read_adds"] = getattr(zero.grad_parts, "read_adds", None)
         out[name] = run
         del model, zero
     if tiny is not None:  # a file system with room for less than the gradient file: an error at construction

@@ -215,12 +215,12 @@ def test_gradient_partition_lives_in_a_file_not_in_memory(one):
     ram, nvme = one["ram"], one["nvme"]
     n = nvme["partition_bytes"]
     assert n == 64 * MIB
-    assert nvme["files"]["g0.grad.bin"] == n, nvme["files"]
     # in memory the partition is alive after each backward; in files only what a bucket needs (1M elements)
     assert min(ram["grown"]) >= n, ram
     assert max(nvme["grown"]) < n // 8, nvme
     assert nvme["peak_staged_bytes"] <= 3 * (4 * MIB + 4096), "at most the slices in flight are staged"
     assert nvme["read_adds"] > 0
+    assert nvme["files"].get("g0.grad.bin") == n, nvme["files"]
 
 
 def test_gradients_in_files_on_1_rank(one):

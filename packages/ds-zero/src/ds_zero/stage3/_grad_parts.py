@@ -1,5 +1,8 @@
 """This rank's partition gradients, alive only from a backward's first reduction to the step.
 
+In memory; with ``offload_optimizer.device: "nvme"`` they live in files instead (``_grad_swap.GradSwap``,
+the same contract).
+
 Nothing reads a partition gradient between the step and the next backward, so it does not exist then
 (ZeRO-3's point is memory: a partition gradient of fp32 weights is as large as the weights). It is
 allocated uninitialised when a backward first reduces into it, and each range is *written* the first

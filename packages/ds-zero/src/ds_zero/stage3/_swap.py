@@ -16,9 +16,11 @@ the buffer is needed again, or at the end of the step). Without them each read a
 where it is issued. ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
 where an accelerator makes that possible: on a CPU-only machine it is a no-op, said once in the log).
 
-What stays in memory: the gradient partitions (``GradPartitions``: the model dtype, or fp32 with
-``grad_accum_dtype``), alive from a backward's first reduction to the step, as with CPU offload; the
-weight partitions (unless ``offload_param`` is ``nvme`` too); ``buffer_count`` buffers.
+The partition gradients are in files too (``g{g}.grad.bin``, ``GradSwap`` in ``_grad_swap``): each buffer
+starts with a region the step reads the sub-group's gradient into, with its master and state.
+
+What stays in memory: the weight partitions (unless ``offload_param`` is ``nvme`` too); ``buffer_count``
+buffers; during backward the gradient slices being written (see ``_grad_swap``).
 """
 
 from __future__ import annotations
@@ -31,15 +33,23 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
 
-if TYPE_CHECKING:
-    from ._grad_swap import GradFile, GradSwap
+
+class GradRegions(Protocol):
+    """Gradients in files that the step reads into a region of each buffer (``_grad_swap.GradSwap``)."""
+
+    def region_bytes(self, numel: int) -> int: ...
+
+    def read_into(self, region: torch.Tensor, g: int, lo: int, hi: int) -> list[IOHandle]: ...
+
+    def region_view(self, region: torch.Tensor, g: int, lo: int, hi: int) -> torch.Tensor: ...
+
 
 __all__ = ["NvmeSpaceError", "OptimizerSwap", "SwapFolder"]
 
@@ -119,7 +129,7 @@ class OptimizerSwap:
         pipeline_read: bool,
         pipeline_write: bool,
         pin_memory: bool,
-        grads: GradSwap | None = None,
+        grads: GradRegions | None = None,
     ) -> None:
         if buffer_count < 1:
             raise ZeroConfigError(f"offload_optimizer.buffer_count must be >= 1, got {buffer_count}")
@@ -277,7 +287,7 @@ class OptimizerSwap:
     def step(
         self,
         optimizer: torch.optim.Optimizer,
-        grads: Sequence[torch.Tensor | GradFile],
+        grads: Sequence,
         inv_scale: float,
         updated: Callable[[int, int, int, torch.Tensor], None],
     ) -> None:
