@@ -124,6 +124,9 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
                 (t_nvme[k].float() - t_cpu[k].float()).abs().max().item() for k in t_cpu
             )
     out["grads"] = grad_parity(rank, world, root)
+    out["overflow"] = {
+        name: overflow(rank, world, root, nvme) for name, nvme in (("ram", False), ("nvme", True))
+    }
     out["resume"] = resume(rank, world, root)
     out["faults"] = faults(rank, world, root)
     out["disk_full"] = disk_full(rank, world, small) if small else None
@@ -178,6 +181,27 @@ def disk_full(rank: int, world: int, path: str) -> dict:
         return {"error": None}
     except NvmeSpaceError as e:
         return {"error": str(e)}
+
+
+def overflow(rank: int, world: int, root: str, nvme: bool) -> dict:
+    """fp16 with a loss scaler, an inf gradient on the last rank: the step is skipped on every rank (the
+    gradient files' inf found by the norm's re-read; the reads issued ahead of it dropped), the next applied."""
+    from _workers import HalvingScaler
+
+    torch.manual_seed(0)
+    model = w.Net().half()
+    options = _nvme(_dir(root, "overflow"), buffer_count=2, pipeline_read=True) if nvme else BASE
+    scaler = HalvingScaler(1024.0)
+    zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), options, scaler=scaler)
+    before = zero.fp32_state_dict()
+    x, y = w.batch(0, world)
+    mine = slice(rank * w.MB, (rank + 1) * w.MB)
+    zero.backward(w.loss_of(model, x[mine], y[mine]) * (float("inf") if rank == world - 1 else 1.0))
+    skipped = not zero.step()
+    unchanged = _max_diff(zero.fp32_state_dict(), before) == 0.0
+    zero.backward(w.loss_of(model, x[mine], y[mine]))
+    applied = zero.step()
+    return {"skipped": skipped, "unchanged": unchanged, "applied": applied, "weights": zero.fp32_state_dict()}
 
 
 # ---------------------------------------------------------------------------------- gradients on disk (1 rank)

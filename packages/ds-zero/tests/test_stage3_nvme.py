@@ -196,6 +196,14 @@ def test_gradients_in_files_give_the_losses_of_gradients_in_memory_on_2_ranks(ru
         assert all(v["read_adds"] > 0 for k, v in r["grads"].items() if "gas2" in k), "accumulated on disk"
 
 
+def test_an_inf_in_the_gradient_files_skips_the_step_on_every_rank(run):
+    for rank, r in enumerate(run):
+        ram, nvme = r["overflow"]["ram"], r["overflow"]["nvme"]
+        assert nvme["skipped"] and nvme["unchanged"] and nvme["applied"], (rank, nvme)
+        diff = max((nvme["weights"][k] - v).abs().max().item() for k, v in ram["weights"].items())
+        assert diff == 0.0, "the step after the skipped one differs from the in-memory gradients'"
+
+
 @pytest.fixture(scope="module")
 def one(tmp_path_factory):
     root = tmp_path_factory.mktemp("gradswap")

@@ -15,7 +15,10 @@ that backward. Accumulation (``gradient_accumulation_steps > 1``, or a gradient 
 backward) is a read-add-write of the range: the range's earlier value is read back (after any write of it
 still in flight) into the staging buffer, the new slice is added there with the same operations the
 in-memory partition does, and the sum is written back: the sums are bit for bit those of ``GradPartitions``.
-Only the slice in flight is resident, never the partition.
+Only the slices in flight are resident, never the partition. That read is waited for where the slice is
+absorbed (the backward waits on the disk once per bucket in every micro-step after a window's first): the
+in-flight-bucket-only alternative would keep every accumulated range of the window in memory, which is the
+partition.
 
 The step reads each sub-group's gradient range into the buffer it reads the master and state into (see
 ``OptimizerSwap``; the same ``buffer_count`` buffers and ``pipeline_read``). The global norm and the
@@ -294,18 +297,25 @@ class GradFile:
         """Each ``[a, b)`` read from the file in turn, the next one's read in flight meanwhile."""
         swap, g = self.swap, self.group
         ahead: list[tuple[torch.Tensor, torch.Tensor, list[IOHandle]]] = []
-        for i in range(len(bounds) + 1):
-            if i < len(bounds):
-                a, b = bounds[i]
-                buf, target = swap._stage(g, a, b)
-                ahead.append((buf, target, swap._transfer(g, buf, a, a, b, False)))
-            if i == 0:
-                continue
-            buf, target, handles = ahead.pop(0)
-            for h in handles:
-                h.wait()
-            yield target
-            swap._unstage(buf)
+        try:
+            for i in range(len(bounds) + 1):
+                if i < len(bounds):
+                    a, b = bounds[i]
+                    buf, target = swap._stage(g, a, b)
+                    ahead.append((buf, target, swap._transfer(g, buf, a, a, b, False)))
+                if i == 0:
+                    continue
+                buf, target, handles = ahead[0]
+                for h in handles:
+                    h.wait()
+                yield target
+                ahead.pop(0)
+                swap._unstage(buf)
+        finally:  # left early (an inf found): the read still in flight is waited for, its buffer let go
+            for buf, _, handles in ahead:
+                for h in handles:
+                    h.wait()
+                swap._unstage(buf)
 
     def piece_norms(
         self, ranges: Sequence[tuple[int, int]], dtype: torch.dtype, chunk: int
