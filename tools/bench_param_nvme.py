@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -90,7 +91,10 @@ def main() -> None:
                   f"RSS after backward/step {r['train_rss_mb']:.0f} MB")  # fmt: skip
         print("losses equal:", results["cpu"]["losses"] == results["nvme"]["losses"])
         return
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    with socket.socket() as sock:  # a free port: other runs on the machine may hold any fixed one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     base = Stage3Options(param_persistence_threshold=0, sub_group_size=args.width * args.width)
     path = args.nvme_path or tempfile.mkdtemp(prefix="ds-bench-nvme-")
     os.makedirs(path, exist_ok=True)

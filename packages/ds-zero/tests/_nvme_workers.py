@@ -124,9 +124,8 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
                 (t_nvme[k].float() - t_cpu[k].float()).abs().max().item() for k in t_cpu
             )
     out["grads"] = grad_parity(rank, world, root)
-    out["overflow"] = {
-        name: overflow(rank, world, root, nvme) for name, nvme in (("ram", False), ("nvme", True))
-    }
+    for name, fn in (("overflow", overflow), ("fragments", fragments)):
+        out[name] = {where: fn(rank, world, root, nvme) for where, nvme in (("ram", False), ("nvme", True))}
     out["resume"] = resume(rank, world, root)
     out["faults"] = faults(rank, world, root)
     out["disk_full"] = disk_full(rank, world, small) if small else None
@@ -202,6 +201,20 @@ def overflow(rank: int, world: int, root: str, nvme: bool) -> dict:
     zero.backward(w.loss_of(model, x[mine], y[mine]))
     applied = zero.step()
     return {"skipped": skipped, "unchanged": unchanged, "applied": applied, "weights": zero.fp32_state_dict()}
+
+
+def fragments(rank: int, world: int, root: str, nvme: bool) -> dict:
+    """``full_grad`` after a backward (DeepSpeed's safe_get_full_grad), then ``set_full_grad`` of one parameter
+    and a step: read from and written into the gradient files, as in memory."""
+    options = _nvme(_dir(root, "fragments"), buffer_count=2) if nvme else BASE
+    model, zero = w.build(options)
+    x, y = w.batch(0, world)
+    mine = slice(rank * w.MB, (rank + 1) * w.MB)
+    zero.backward(w.loss_of(model, x[mine], y[mine]))
+    grads = {n: zero.full_grad(p).clone() for n, p in model.named_parameters() if p.requires_grad}
+    zero.set_full_grad(model.l1.weight, torch.full(grads["l1.weight"].shape, 0.5))  # the whole shape
+    zero.step()
+    return {"grads": grads, "weights": zero.fp32_state_dict()}
 
 
 # ---------------------------------------------------------------------------------- gradients on disk (1 rank)

@@ -204,6 +204,15 @@ def test_an_inf_in_the_gradient_files_skips_the_step_on_every_rank(run):
         assert diff == 0.0, "the step after the skipped one differs from the in-memory gradients'"
 
 
+def test_full_grad_reads_and_writes_the_gradient_files(run):
+    for r in run:
+        ram, nvme = r["fragments"]["ram"], r["fragments"]["nvme"]
+        assert ram["grads"].keys() == nvme["grads"].keys()
+        for what in ("grads", "weights"):
+            diff = max((nvme[what][k] - v).abs().max().item() for k, v in ram[what].items())
+            assert diff == 0.0, what
+
+
 @pytest.fixture(scope="module")
 def one(tmp_path_factory):
     root = tmp_path_factory.mktemp("gradswap")
