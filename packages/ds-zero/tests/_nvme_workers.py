@@ -192,12 +192,12 @@ def overflow(rank: int, world: int, root: str, nvme: bool) -> dict:
     options = _nvme(_dir(root, "overflow"), buffer_count=2, pipeline_read=True) if nvme else BASE
     scaler = HalvingScaler(1024.0)
     zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), options, scaler=scaler)
-    before = zero.fp32_state_dict()
-    x, y = w.batch(0, world)
+    before = zero.module_state_dict()  # the weights, gathered: no swap read (fp32_state_dict's would drop
+    x, y = w.batch(0, world)  # the reads issued ahead of the skipped step, which this checks are dropped)
     mine = slice(rank * w.MB, (rank + 1) * w.MB)
     zero.backward(w.loss_of(model, x[mine], y[mine]) * (float("inf") if rank == world - 1 else 1.0))
     skipped = not zero.step()
-    unchanged = _max_diff(zero.fp32_state_dict(), before) == 0.0
+    unchanged = _max_diff(zero.module_state_dict(), before) == 0.0
     zero.backward(w.loss_of(model, x[mine], y[mine]))
     applied = zero.step()
     return {"skipped": skipped, "unchanged": unchanged, "applied": applied, "weights": zero.fp32_state_dict()}
