@@ -4,8 +4,8 @@ One process (gloo, world 1), a stack of square Linear layers, both offloads on t
 run (cpu/cpu, then nvme/nvme with max_in_cpu 0), AdamW. Prints per run: the median step time (forward +
 backward + step) over the steps after the first, the bytes the swap files took in and gave per step
 (parameters and optimizer state, and the gradients where they are in files too), the peak RSS of the run
-(each run is its own process), the largest RSS seen after a backward or a step (the training state alone:
-the peak RSS can be set by building the model), and whether the losses are equal.
+(each run is its own process), the largest RSS seen after a backward and after a step (the training state
+alone: the peak RSS can be set by building the model), and whether the losses are equal.
 
     python tools/bench_param_nvme.py --layers 8 --width 2048 --steps 4 --nvme-path /var/tmp/ds-nvme
 """
@@ -40,21 +40,21 @@ def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
     io = zero.aio.stats if zero.aio is not None else None
     before = (io.bytes_read, io.bytes_written) if io else (0, 0)
     page = os.sysconf("SC_PAGE_SIZE")
-    rss = []  # resident bytes after each backward and each step
+    rss: dict[str, list[int]] = {"backward": [], "step": []}  # resident bytes after each backward / step
 
-    def sample() -> None:
+    def sample(when: str) -> None:
         with open("/proc/self/statm") as f:
-            rss.append(int(f.read().split()[1]) * page)
+            rss[when].append(int(f.read().split()[1]) * page)
 
     for step in range(steps):
         x = torch.randn(8, width, generator=torch.Generator().manual_seed(step))
         t0 = time.perf_counter()
         loss = model(x).pow(2).mean()
         zero.backward(loss)
-        sample()
+        sample("backward")
         zero.step()
         times.append(time.perf_counter() - t0)
-        sample()
+        sample("step")
         losses.append(loss.item())
     moved = ((io.bytes_read - before[0]) / steps, (io.bytes_written - before[1]) / steps) if io else (0, 0)
     return {
@@ -62,7 +62,8 @@ def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
         "read_mb_per_step": moved[0] / 1e6,
         "written_mb_per_step": moved[1] / 1e6,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-        "train_rss_mb": max(rss) / 2**20,
+        "backward_rss_mb": max(rss["backward"]) / 2**20,
+        "step_rss_mb": max(rss["step"]) / 2**20,
         "losses": losses,
     }
 
@@ -88,7 +89,7 @@ def main() -> None:
         for name, r in results.items():
             print(f"{name:5s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
                   f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB  "
-                  f"RSS after backward/step {r['train_rss_mb']:.0f} MB")  # fmt: skip
+                  f"RSS after backward {r['backward_rss_mb']:.0f} MB, after step {r['step_rss_mb']:.0f} MB")  # fmt: skip
         print("losses equal:", results["cpu"]["losses"] == results["nvme"]["losses"])
         return
     with socket.socket() as sock:  # a free port: other runs on the machine may hold any fixed one
