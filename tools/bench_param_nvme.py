@@ -3,8 +3,9 @@
 One process (gloo, world 1), a stack of square Linear layers, both offloads on the same device kind each
 run (cpu/cpu, then nvme/nvme with max_in_cpu 0), AdamW. Prints per run: the median step time (forward +
 backward + step) over the steps after the first, the bytes the swap files took in and gave per step
-(parameters and optimizer state), the peak RSS of the run (each run is its own process), and whether the
-losses are equal.
+(parameters and optimizer state, and the gradients where they are in files too), the peak RSS of the run
+(each run is its own process), the largest RSS seen after a backward and after a step (the training state
+alone: the peak RSS can be set by building the model), and whether the losses are equal.
 
     python tools/bench_param_nvme.py --layers 8 --width 2048 --steps 4 --nvme-path /var/tmp/ds-nvme
 """
@@ -16,6 +17,7 @@ import dataclasses
 import json
 import os
 import resource
+import socket
 import statistics
 import subprocess
 import sys
@@ -37,13 +39,22 @@ def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
     times, losses = [], []
     io = zero.aio.stats if zero.aio is not None else None
     before = (io.bytes_read, io.bytes_written) if io else (0, 0)
+    page = os.sysconf("SC_PAGE_SIZE")
+    rss: dict[str, list[int]] = {"backward": [], "step": []}  # resident bytes after each backward / step
+
+    def sample(when: str) -> None:
+        with open("/proc/self/statm") as f:
+            rss[when].append(int(f.read().split()[1]) * page)
+
     for step in range(steps):
         x = torch.randn(8, width, generator=torch.Generator().manual_seed(step))
         t0 = time.perf_counter()
         loss = model(x).pow(2).mean()
         zero.backward(loss)
+        sample("backward")
         zero.step()
         times.append(time.perf_counter() - t0)
+        sample("step")
         losses.append(loss.item())
     moved = ((io.bytes_read - before[0]) / steps, (io.bytes_written - before[1]) / steps) if io else (0, 0)
     return {
@@ -51,6 +62,8 @@ def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
         "read_mb_per_step": moved[0] / 1e6,
         "written_mb_per_step": moved[1] / 1e6,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "backward_rss_mb": max(rss["backward"]) / 2**20,
+        "step_rss_mb": max(rss["step"]) / 2**20,
         "losses": losses,
     }
 
@@ -75,10 +88,14 @@ def main() -> None:
         print(results["cpu"]["header"])
         for name, r in results.items():
             print(f"{name:5s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
-                  f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB")  # fmt: skip
+                  f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB  "
+                  f"RSS after backward {r['backward_rss_mb']:.0f} MB, after step {r['step_rss_mb']:.0f} MB")  # fmt: skip
         print("losses equal:", results["cpu"]["losses"] == results["nvme"]["losses"])
         return
-    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
+    with socket.socket() as sock:  # a free port: other runs on the machine may hold any fixed one
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     base = Stage3Options(param_persistence_threshold=0, sub_group_size=args.width * args.width)
     path = args.nvme_path or tempfile.mkdtemp(prefix="ds-bench-nvme-")
     os.makedirs(path, exist_ok=True)

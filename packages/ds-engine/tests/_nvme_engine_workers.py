@@ -129,7 +129,8 @@ def resume_one_rank(rank: int, world: int, root: str) -> dict:
         out[f"{name}_losses"] = _steps(engine, rank, 2, 2)
         del engine
 
-    # disk full in the first step: the state files do not fit (the masters do); the checkpoint is untouched
+    # disk full in the first step: the state files do not fit (the masters and gradients do); the checkpoint
+    # is untouched
     small = os.path.join(root, "small")
     engine = _engine(_nvme(small))
     engine.save_checkpoint(os.path.join(root, "ckpt0"))

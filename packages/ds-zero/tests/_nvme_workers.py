@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 
 import _stage3_workers as w
 import torch
-from ds_zero import ZeroConfigError
+from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from ds_zero.stage3._options import NvmeOptions
 from ds_zero.stage3._swap import NvmeSpaceError
+from torch import nn
 
 BASE = Stage3Options(param_persistence_threshold=0, sub_group_size=24)
 
@@ -23,6 +25,46 @@ def _run(rank: int, world: int, options: Stage3Options, dtype: torch.dtype, step
     model, zero = w.build(options, dtype=dtype)
     w.train(model, zero, rank, world, steps=steps, gas=2)
     return model, zero
+
+
+def _losses(
+    rank: int, world: int, options: Stage3Options, dtype: torch.dtype, clip: float = 0.0, gas: int = 2
+):
+    """Losses of 3 steps of ``gas`` micro-steps (and the optimizer), ``clip``: gradient_clipping."""
+    model, zero = w.build(options, dtype=dtype, clip=clip)
+    losses = []
+    for step in range(3):
+        for micro in range(gas):
+            x, y = w.batch(step, world, micro)
+            mine = slice(rank * w.MB, (rank + 1) * w.MB)
+            loss = w.loss_of(model, x[mine], y[mine]) / gas
+            losses.append(loss.item())
+            zero.backward(loss)
+        zero.step()
+    return losses, zero
+
+
+def grad_parity(rank: int, world: int, root: str) -> dict:
+    """Gradients in files (optimizer on nvme) against in memory (no offload): losses, weights and the norm
+    in fp32 and bf16, with gradient accumulation 1 and 2, with and without gradient_clipping (0.05 clips
+    every step here)."""
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        tag = str(dtype).split(".")[-1]
+        for gas, clip in ((2, 0.0), (2, 0.05), (1, 0.05)):
+            ref_losses, ref = _losses(rank, world, BASE, dtype, clip, gas)
+            ref_w = ref.fp32_state_dict()
+            for name, options in (
+                ("nvme", _nvme(_dir(root, f"gp-{tag}-{gas}-{clip}"), buffer_count=2, pipeline_read=True)),
+            ):
+                losses, zero = _losses(rank, world, options, dtype, clip, gas)
+                out[f"{tag}/gas{gas}/clip{clip}/{name}"] = {
+                    "loss": max(abs(a - b) for a, b in zip(losses, ref_losses)),
+                    "weights": _max_diff(zero.fp32_state_dict(), ref_w),
+                    "norm": abs(zero.global_grad_norm - ref.global_grad_norm),
+                    "read_adds": getattr(zero.grad_parts, "read_adds", None),
+                }
+    return out
 
 
 def _dir(root: str, name: str) -> str:
@@ -71,6 +113,9 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
                 "prefetched": swap.prefetched,
                 "writes_deferred": swap.writes_deferred,
                 "views": sum(len(vs) for vs in swap.views),
+                "grad_itemsize": dtype.itemsize,
+                "grad_bytes_written": getattr(zero.grad_parts, "bytes_written", 0),
+                "grad_bytes_read": getattr(zero.grad_parts, "bytes_read", 0),
             }
             # the checkpoint state is the one of the CPU-offload run, read from the files
             t_nvme, _ = zero.sharded_state_dict()
@@ -78,6 +123,9 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
             out["parity"][f"{tag}/state-{name}"] = max(
                 (t_nvme[k].float() - t_cpu[k].float()).abs().max().item() for k in t_cpu
             )
+    out["grads"] = grad_parity(rank, world, root)
+    for name, fn in (("overflow", overflow), ("fragments", fragments)):
+        out[name] = {where: fn(rank, world, root, nvme) for where, nvme in (("ram", False), ("nvme", True))}
     out["resume"] = resume(rank, world, root)
     out["faults"] = faults(rank, world, root)
     out["disk_full"] = disk_full(rank, world, small) if small else None
@@ -113,8 +161,9 @@ def faults(rank: int, world: int, root: str) -> dict:
     # a previous run's stale swap files are scratch: emptied, never read as state
     stale = os.path.join(root, "stale", "ds_swap", f"rank{rank:05d}")
     os.makedirs(stale, exist_ok=True)
-    with open(os.path.join(stale, "g0.master.bin"), "wb") as f:
-        f.write(b"\xff" * 4096)
+    for name in ("g0.master.bin", "g0.grad.bin"):  # a killed run's masters and gradients
+        with open(os.path.join(stale, name), "wb") as f:
+            f.write(b"\xff" * 4096)
     with open(os.path.join(stale, "leftover.bin"), "wb") as f:
         f.write(b"x")
     _, zero = _run(rank, world, _nvme(os.path.join(root, "stale")), torch.float32)
@@ -131,3 +180,95 @@ def disk_full(rank: int, world: int, path: str) -> dict:
         return {"error": None}
     except NvmeSpaceError as e:
         return {"error": str(e)}
+
+
+def overflow(rank: int, world: int, root: str, nvme: bool) -> dict:
+    """fp16 with a loss scaler, an inf gradient on the last rank: the step is skipped on every rank (the
+    gradient files' inf found by the norm's re-read; the reads issued ahead of it dropped), the next applied."""
+    from _workers import HalvingScaler
+
+    torch.manual_seed(0)
+    model = w.Net().half()
+    options = _nvme(_dir(root, "overflow"), buffer_count=2, pipeline_read=True) if nvme else BASE
+    scaler = HalvingScaler(1024.0)
+    zero = ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-2), options, scaler=scaler)
+    before = zero.module_state_dict()  # the weights, gathered: no swap read (fp32_state_dict's would drop
+    x, y = w.batch(0, world)  # the reads issued ahead of the skipped step, which this checks are dropped)
+    mine = slice(rank * w.MB, (rank + 1) * w.MB)
+    zero.backward(w.loss_of(model, x[mine], y[mine]) * (float("inf") if rank == world - 1 else 1.0))
+    skipped = not zero.step()
+    unchanged = _max_diff(zero.module_state_dict(), before) == 0.0
+    zero.backward(w.loss_of(model, x[mine], y[mine]))
+    applied = zero.step()
+    return {"skipped": skipped, "unchanged": unchanged, "applied": applied, "weights": zero.fp32_state_dict()}
+
+
+def fragments(rank: int, world: int, root: str, nvme: bool) -> dict:
+    """``full_grad`` after a backward (DeepSpeed's safe_get_full_grad), then ``set_full_grad`` of one parameter
+    and a step: read from and written into the gradient files, as in memory."""
+    options = _nvme(_dir(root, "fragments"), buffer_count=2) if nvme else BASE
+    model, zero = w.build(options)
+    x, y = w.batch(0, world)
+    mine = slice(rank * w.MB, (rank + 1) * w.MB)
+    zero.backward(w.loss_of(model, x[mine], y[mine]))
+    grads = {n: zero.full_grad(p).clone() for n, p in model.named_parameters() if p.requires_grad}
+    zero.set_full_grad(model.l1.weight, torch.full(grads["l1.weight"].shape, 0.5))  # the whole shape
+    zero.step()
+    return {"grads": grads, "weights": zero.fp32_state_dict()}
+
+
+# ---------------------------------------------------------------------------------- gradients on disk (1 rank)
+BIG = 1024  # sixteen 1024 x 1024 layers: a 64 MiB fp32 gradient partition on one rank, 4 MiB per layer
+
+
+def _live_storage_bytes() -> int:
+    """Bytes of every distinct CPU tensor storage alive in this process (observed, not computed)."""
+    gc.collect()
+    seen: dict[int, int] = {}
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
+            st = obj.untyped_storage()
+            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
+    return sum(seen.values())
+
+
+def _big(options: Stage3Options):
+    torch.manual_seed(0)
+    model = nn.Sequential(*(nn.Linear(BIG, BIG, bias=False) for _ in range(16)))
+    return model, ZeroStage3Optimizer(model, torch.optim.AdamW(model.parameters(), lr=1e-3), options)
+
+
+def grads_on_disk(rank: int, world: int, root: str, tiny: str | None) -> dict:
+    """Where a 64 MiB gradient partition lives between backward and step: live tensor bytes after each
+    micro-step's backward above those before it, in memory (CPU offload) and with the optimizer on nvme;
+    the gradient file; a disk too small for it."""
+    out: dict = {}
+    base = dataclasses.replace(BASE, reduce_bucket_size=1 << 20, sub_group_size=1 << 20)
+    for name, options in (
+        ("ram", dataclasses.replace(base, offload_optimizer=True)),
+        ("nvme", dataclasses.replace(base, optimizer_nvme=NvmeOptions(_dir(root, "big"), buffer_count=2))),
+    ):
+        model, zero = _big(options)
+        before = _live_storage_bytes()
+        grown = []
+        for micro in range(2):
+            g = torch.Generator().manual_seed(micro)
+            zero.backward(model(torch.randn(2, BIG, generator=g)).pow(2).mean())
+            grown.append(_live_storage_bytes() - before)
+        zero.step()
+        run = {"grown": grown, "partition_bytes": zero.params.part_numels[0] * 4}
+        if zero.swap is not None:
+            folder = zero.swap.folder.path
+            run["files"] = {f: os.path.getsize(os.path.join(folder, f)) for f in sorted(os.listdir(folder))}
+            run["peak_staged_bytes"] = getattr(zero.grad_parts, "peak_staged_bytes", None)
+            run["read_adds"] = getattr(zero.grad_parts, "read_adds", None)
+        out[name] = run
+        del model, zero
+    if tiny is not None:  # a file system with room for less than the gradient file: an error at construction
+        try:
+            _big(dataclasses.replace(base, optimizer_nvme=NvmeOptions(tiny)))
+            out["disk_full"] = None
+        except NvmeSpaceError as e:
+            out["disk_full"] = str(e)
+    out["parity"] = grad_parity(rank, world, root)
+    return out

@@ -111,11 +111,13 @@ def test_overlap_events_returns_before_completion(tmp_path, quiet_gil, overlap):
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("nvme")
-    small = root / "small"  # room for the masters (a few KiB) and not for the optimizer state
+    small = (
+        root / "small"
+    )  # room for the masters and gradients (a page each per rank), not the optimizer state
     small.mkdir()
     mounted = os.geteuid() == 0
     if mounted:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12k", "tmpfs", str(small)], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(small)], check=True)
     try:
         return spawn(nw.parity_and_effects, 2, str(root), str(small) if mounted else None, timeout_s=600)
     finally:
@@ -133,14 +135,21 @@ def test_state_lives_in_per_rank_files(run):
     for rank, r in enumerate(run):
         for name, s in r["runs"].items():
             assert s["folder"].endswith(os.path.join("ds_swap", f"rank{rank:05d}")), name
-            n = s["partition_numel"]
-            assert s["files"] == {f"g0.{k}.bin": 4 * n for k in ("exp_avg", "exp_avg_sq", "master")}, name
+            n, es = s["partition_numel"], s["grad_itemsize"]
+            files = {f"g0.{k}.bin": 4 * n for k in ("exp_avg", "exp_avg_sq", "master")}
+            assert s["files"] == {**files, "g0.grad.bin": es * n}, name  # the gradient in the model dtype
             assert s["master_storage_bytes"] == 0 and s["view_storage_bytes"] == 0, "no master in memory"
             assert s["state_bytes_in_memory"] == 0, "no element-wise optimizer state in memory between steps"
             # 3 steps: the first reads masters and writes masters + 2 states, then 3 tensors each way
-            assert s["bytes_written"] == 4 * n * (1 + 3 * 3), name  # + the initial masters
+            assert s["bytes_written"] - s["grad_bytes_written"] == 4 * n * (1 + 3 * 3), (
+                name
+            )  # + initial masters
             # reads: the first step's masters, 3 tensors in each later step, and fp32_state_dict's 3 tensors
-            assert s["bytes_read"] == 4 * n * (1 + 3 * 2 + 3), name
+            assert s["bytes_read"] - s["grad_bytes_read"] == 4 * n * (1 + 3 * 2 + 3), name
+            # gradients: each of the 6 backwards writes the partition (the second of a step adds, so it reads
+            # it first, all but the padding); each step reads it twice (the norm, then with the state)
+            assert 6 * es * n >= s["grad_bytes_written"] > 5 * es * n, name
+            assert s["grad_bytes_read"] - 3 * 2 * es * n in range(0, 3 * es * n + 1), name
 
 
 def test_buffer_count_and_pipelines(run):
@@ -176,3 +185,92 @@ def test_disk_full_names_the_bytes_needed(run):
     for r in run:
         error = r["disk_full"]["error"]
         assert error is not None and "needs" in error and "bytes" in error and "free" in error, r["disk_full"]
+
+
+# ---------------------------------------------------------------------------- gradients in files (issue 36)
+def test_gradients_in_files_give_the_losses_of_gradients_in_memory_on_2_ranks(run):
+    """fp32 and bf16, gradient accumulation 1 and 2, with gradient_clipping: bit for bit (the norm too)."""
+    for rank, r in enumerate(run):
+        bad = {k: v for k, v in r["grads"].items() if v["loss"] or v["weights"] or v["norm"]}
+        assert not bad, f"rank {rank}: gradients in files differ from gradients in memory: {bad}"
+        assert all(v["read_adds"] > 0 for k, v in r["grads"].items() if "gas2" in k), "accumulated on disk"
+
+
+def test_an_inf_in_the_gradient_files_skips_the_step_on_every_rank(run):
+    for rank, r in enumerate(run):
+        ram, nvme = r["overflow"]["ram"], r["overflow"]["nvme"]
+        assert nvme["skipped"] and nvme["unchanged"] and nvme["applied"], (rank, nvme)
+        diff = max((nvme["weights"][k] - v).abs().max().item() for k, v in ram["weights"].items())
+        assert diff == 0.0, "the step after the skipped one differs from the in-memory gradients'"
+
+
+def test_full_grad_reads_and_writes_the_gradient_files(run):
+    for r in run:
+        ram, nvme = r["fragments"]["ram"], r["fragments"]["nvme"]
+        assert ram["grads"].keys() == nvme["grads"].keys()
+        for what in ("grads", "weights"):
+            diff = max((nvme[what][k] - v).abs().max().item() for k, v in ram[what].items())
+            assert diff == 0.0, what
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gradswap")
+    tiny = root / "tiny"  # room for less than the 64 MiB gradient file
+    tiny.mkdir()
+    mounted = os.geteuid() == 0
+    if mounted:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tiny)], check=True)
+    try:
+        return spawn(nw.grads_on_disk, 1, str(root), str(tiny) if mounted else None, timeout_s=600)[0]
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(tiny)], check=True)
+
+
+def test_gradient_partition_lives_in_a_file_not_in_memory(one):
+    ram, nvme = one["ram"], one["nvme"]
+    n = nvme["partition_bytes"]
+    assert n == 64 * MIB
+    # in memory the partition is alive after each backward; in files only what a bucket needs (1M elements)
+    assert min(ram["grown"]) >= n, ram
+    assert max(nvme["grown"]) < n // 8, nvme
+    assert nvme["peak_staged_bytes"] <= 3 * (4 * MIB + 4096), "at most the slices in flight are staged"
+    assert nvme["read_adds"] > 0
+    assert nvme["files"].get("g0.grad.bin") == n, nvme["files"]
+
+
+def test_gradients_in_files_on_1_rank(one):
+    bad = {k: v for k, v in one["parity"].items() if v["loss"] or v["weights"] or v["norm"]}
+    assert not bad, bad
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_disk_too_small_for_the_gradient_file_names_the_bytes(one):
+    error = one["disk_full"]
+    assert error is not None and "g0.grad.bin" in error and f"needs {64 * MIB} bytes" in error, error
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_a_gradient_write_that_finds_the_disk_full_raises_at_the_backward(tmp_path):
+    """A file system where the reservation does not hold (here: the reserved file is gone and the disk
+    filled): the write of a reduced slice fails, and the end of the backward (``finish``) says so."""
+    from ds_zero.stage3._grad_swap import GradSwap
+    from ds_zero.stage3._swap import NvmeSpaceError, SwapFolder
+
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp_path)], check=True)
+    try:
+        io = _io()
+        swap = GradSwap(SwapFolder(str(tmp_path), 0, "offload_optimizer"), io, [8192], [torch.float32])
+        os.remove(swap.path(0))
+        fd = os.open(tmp_path / "filler", os.O_WRONLY | os.O_CREAT)
+        with pytest.raises(OSError):
+            while True:
+                os.write(fd, b"x" * 4096)
+        os.close(fd)
+        swap.add(0, 0, 8192, torch.ones(8192), 1.0)
+        with pytest.raises(NvmeSpaceError, match=r"g0\.grad\.bin: needs 32768 bytes"):
+            swap.finish()
+        io.close()
+    finally:
+        subprocess.run(["umount", str(tmp_path)], check=True)

@@ -253,8 +253,8 @@ class OffloadOptimizerConfig(_Section):
 
     device: Literal["none", "cpu", "nvme"] = Field(
         "none",
-        description="Where the optimizer state lives: 'none' (the accelerator), 'cpu', or 'nvme' (files under "
-        "nvme_path; stage 3 only).",
+        description="Where the optimizer state lives: 'none' (the accelerator), 'cpu', or 'nvme' (fp32 masters, "
+        "optimizer state and the partition gradients in files under nvme_path; stage 3 only).",
     )
     nvme_path: str | None = Field(
         None,
@@ -263,7 +263,8 @@ class OffloadOptimizerConfig(_Section):
     buffer_count: JsonInt = Field(
         4,
         ge=1,
-        description="device 'nvme': buffers the step streams sub-groups through (master + state each).",
+        description="device 'nvme': buffers the step streams sub-groups through (master, state and gradient "
+        "each).",
     )
     pin_memory: JsonBool = Field(False, description="Use page-locked CPU memory for the offloaded state.")
     pipeline_read: JsonBool = Field(

@@ -18,7 +18,14 @@ from ._comm import ProcessGroup, all_gather_views
 from ._partition import FlatGroup
 from ._protocol import LossScalerProtocol
 
-__all__ = ["LossScaleConfig", "LossScaledStep", "gather_partitions", "global_norm_sq", "partition_norm_sq", "unscale_factor"]
+__all__ = [
+    "LossScaleConfig",
+    "LossScaledStep",
+    "gather_partitions",
+    "global_norm_sq",
+    "partition_norm_sq",
+    "unscale_factor",
+]
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,9 @@ class LossScaledStep:
         """The scaler's current settings and state under DeepSpeed's names (a fresh snapshot per access)."""
         scaler = self.scaler
         if scaler is None:
-            return LossScaleConfig(use_grad_scaling=False, dynamic_loss_scale=False, cur_iter=0, cur_scale=1.0)
+            return LossScaleConfig(
+                use_grad_scaling=False, dynamic_loss_scale=False, cur_iter=0, cur_scale=1.0
+            )
         if not self.dynamic_loss_scale:
             return LossScaleConfig(True, False, 0, self.loss_scale)
         return LossScaleConfig(
@@ -165,6 +174,9 @@ def partition_norm_sq(
     and an inf/nan anywhere makes it non-finite (``0 * inf`` is nan for the uncounted elements). Only
     when the sum is non-finite do a second all-reduce (MAX of an inf/nan flag) and, if no element was
     inf/nan (finite gradients whose fp32 squares overflowed), an exact float64 pass decide.
+
+    A gradient may also be a file (stage 3's ``GradFile`` with NVMe offload, anything with
+    ``piece_norms(ranges, dtype, chunk)`` and ``all_finite(chunk)``): the same pieces, read one at a time.
     """
     sq = _sum_sq(parts, torch.float32, device)
     _all_reduce(sq, dist.ReduceOp.SUM, group, mp_group)
@@ -172,7 +184,7 @@ def partition_norm_sq(
     if math.isfinite(total):
         return total
     flag = torch.tensor(
-        [float(any(not bool(torch.isfinite(t).all()) for t, _ in parts))], dtype=torch.float64, device=device
+        [float(any(not _all_finite(t) for t, _ in parts))], dtype=torch.float64, device=device
     )
     _all_reduce(flag, dist.ReduceOp.MAX, group, mp_group)
     if flag.item():
@@ -189,7 +201,7 @@ def _sum_sq(
     counted: list[torch.Tensor] = []
     rest: list[torch.Tensor] = []
     for t, ranges in parts:
-        flat = t.reshape(-1)
+        flat = t.reshape(-1) if isinstance(t, torch.Tensor) else t
         counted += _piece_norms(flat, ranges if ranges is not None else [(0, flat.numel())], dtype)
         if ranges is not None:  # the replicas' overflow rides along at the cost of one read
             rest += _piece_norms(flat, [(0, flat.numel())], dtype)
@@ -201,14 +213,20 @@ def _sum_sq(
     return sq
 
 
-def _piece_norms(
-    flat: torch.Tensor, ranges: Sequence[tuple[int, int]], dtype: torch.dtype
-) -> list[torch.Tensor]:
+def _piece_norms(flat, ranges: Sequence[tuple[int, int]], dtype: torch.dtype) -> list[torch.Tensor]:
+    if not isinstance(
+        flat, torch.Tensor
+    ):  # a gradient in a file (stage 3's ``GradFile``): read piece by piece
+        return flat.piece_norms(ranges, dtype, NORM_CHUNK)
     return [
         torch.linalg.vector_norm(flat[c : min(hi, c + NORM_CHUNK)], dtype=dtype)
         for lo, hi in ranges
         for c in range(lo, hi, NORM_CHUNK)
     ]
+
+
+def _all_finite(t) -> bool:
+    return bool(torch.isfinite(t).all()) if isinstance(t, torch.Tensor) else t.all_finite(NORM_CHUNK)
 
 
 def _all_reduce(t: torch.Tensor, op, group: ProcessGroup | None, mp_group: ProcessGroup | None) -> None:

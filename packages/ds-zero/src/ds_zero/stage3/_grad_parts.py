@@ -1,5 +1,8 @@
 """This rank's partition gradients, alive only from a backward's first reduction to the step.
 
+In memory; with ``offload_optimizer.device: "nvme"`` they live in files instead (``_grad_swap.GradSwap``,
+the same contract).
+
 Nothing reads a partition gradient between the step and the next backward, so it does not exist then
 (ZeRO-3's point is memory: a partition gradient of fp32 weights is as large as the weights). It is
 allocated uninitialised when a backward first reduces into it, and each range is *written* the first
@@ -51,6 +54,15 @@ class GradPartitions:
         part = self._part(g)
         self.finish()  # later reductions add to the zeros it writes, so this changes no sum
         return part
+
+    def read(self, g: int, lo: int, hi: int) -> torch.Tensor | None:
+        """Elements ``[lo, hi)`` of group ``g``'s partition gradient (a view), None when it does not exist now."""
+        part = self.get(g)
+        return None if part is None else part[lo:hi]
+
+    def write(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
+        """Set elements ``[lo, hi)`` (the partition is allocated, zeros where nothing was reduced)."""
+        self.get(g, allocate=True)[lo:hi].copy_(values)  # type: ignore[index]
 
     def add(self, g: int, lo: int, hi: int, grad: torch.Tensor, alpha: float) -> None:
         """``part[lo:hi] += alpha * grad`` (written, not added, where nothing was reduced yet)."""

@@ -21,6 +21,7 @@ from .._protocol import LossScalerProtocol
 from .._step import LossScaledStep, partition_norm_sq
 from ._fetch import FetchSchedule
 from ._grad_parts import GradPartitions
+from ._grad_swap import GradSwap
 from ._grads import Stage3Reducer
 from ._heap import release_freed_heap, step_threshold
 from ._hooks import GatherHooks
@@ -122,26 +123,30 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
                 continue
             part = params.read_part(g, 0, n)
             self.masters.append(part.detach().to(master_device or part.device, torch.float32, copy=True))
-        self.grad_parts = GradPartitions(  # allocated by a backward, freed by the step
-            params.part_numels,
-            [options.grad_accum_dtype or d for d in params.part_dtypes],
-            params.compute_devices,
-        )
+        grad_dtypes = [options.grad_accum_dtype or d for d in params.part_dtypes]
+        folder = SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer") if nvme is not None else None
+        self.grad_parts: GradPartitions | GradSwap
+        if folder is not None:  # in files next to the masters and state (``_grad_swap``)
+            assert self.aio is not None
+            self.grad_parts = GradSwap(folder, self.aio, params.part_numels, grad_dtypes)
+        else:  # allocated by a backward, freed by the step
+            self.grad_parts = GradPartitions(params.part_numels, grad_dtypes, params.compute_devices)
         self.sub_groups = SubGroups(self.masters, view_size(optimizer, options.sub_group_size))
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
             g["params"] = views
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
         self.swap: OptimizerSwap | None = None
         if nvme is not None:
-            assert self.aio is not None
+            assert self.aio is not None and folder is not None and isinstance(self.grad_parts, GradSwap)
             self.swap = OptimizerSwap(
-                SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer"),
+                folder,
                 self.aio,
                 self.sub_groups.views,
                 buffer_count=nvme.buffer_count,
                 pipeline_read=nvme.pipeline_read,
                 pipeline_write=nvme.pipeline_write,
                 pin_memory=nvme.pin_memory,
+                grads=self.grad_parts,
             )
             self.swap.init_masters(lambda g, lo, hi: params.read_part(g, lo, hi).to("cpu", torch.float32))
             for master in self.masters:
@@ -300,8 +305,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         if what == "fp32":
             return self.masters[span.group].detach()[lo:hi]
         if what == "grad":  # zeros when no backward reduced into it since the step, as DeepSpeed's stage 3
-            part = self.grad_parts.get(span.group)
-            return self.masters[span.group].new_zeros(hi - lo) if part is None else part[lo:hi]
+            part = self.grad_parts.read(span.group, lo, hi)
+            return self.masters[span.group].new_zeros(hi - lo) if part is None else part
         pieces = self.sub_groups.state_range(self.optimizer, span.group, str(key), lo, hi)
         return torch.cat([p for p, _, _ in pieces]) if pieces else self.masters[span.group].new_zeros(0)
 
@@ -314,7 +319,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             if what == "fp32":
                 self.masters[span.group][lo:hi].copy_(values)
             elif what == "grad":
-                self.grad_parts.get(span.group, allocate=True)[lo:hi].copy_(values)  # type: ignore[index]
+                self.grad_parts.write(span.group, lo, hi, values)
             else:
                 for piece, a, b in self.sub_groups.state_range(self.optimizer, span.group, str(key), lo, hi):
                     piece.copy_(values[a - lo : b - lo])

@@ -16,9 +16,11 @@ the buffer is needed again, or at the end of the step). Without them each read a
 where it is issued. ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
 where an accelerator makes that possible: on a CPU-only machine it is a no-op, said once in the log).
 
-What stays in memory: the gradient partitions (``GradPartitions``: the model dtype, or fp32 with
-``grad_accum_dtype``), alive from a backward's first reduction to the step, as with CPU offload; the
-weight partitions (unless ``offload_param`` is ``nvme`` too); ``buffer_count`` buffers.
+The partition gradients are in files too (``g{g}.grad.bin``, ``GradSwap`` in ``_grad_swap``): each buffer
+starts with a region the step reads the sub-group's gradient into, with its master and state.
+
+What stays in memory: the weight partitions (unless ``offload_param`` is ``nvme`` too); ``buffer_count``
+buffers; during backward the gradient slices being written (see ``_grad_swap``).
 """
 
 from __future__ import annotations
@@ -29,13 +31,25 @@ import os
 import shutil
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import Protocol
 
 import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
+
+
+class GradRegions(Protocol):
+    """Gradients in files that the step reads into a region of each buffer (``_grad_swap.GradSwap``)."""
+
+    def region_bytes(self, numel: int) -> int: ...
+
+    def read_into(self, region: torch.Tensor, g: int, lo: int, hi: int) -> list[IOHandle]: ...
+
+    def region_view(self, region: torch.Tensor, g: int, lo: int, hi: int) -> torch.Tensor: ...
+
 
 __all__ = ["NvmeSpaceError", "OptimizerSwap", "SwapFolder"]
 
@@ -115,6 +129,7 @@ class OptimizerSwap:
         pipeline_read: bool,
         pipeline_write: bool,
         pin_memory: bool,
+        grads: GradRegions | None = None,
     ) -> None:
         if buffer_count < 1:
             raise ZeroConfigError(f"offload_optimizer.buffer_count must be >= 1, got {buffer_count}")
@@ -138,6 +153,11 @@ class OptimizerSwap:
         self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): order index -> read
         self._slots = 1  # master + state tensors per buffer
         self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
+        # with the gradients in files too (``_grad_swap``) each buffer starts with a region for a view's gradient
+        self.grads = grads
+        self._grad_bytes = (
+            grads.region_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0)) if grads else 0
+        )
 
     # ------------------------------------------------------------------ files
     def _name(self, g: int, key: str) -> str:
@@ -167,7 +187,7 @@ class OptimizerSwap:
             return self._free.pop()
         if self.buffers_allocated < self.buffer_count:
             self.buffers_allocated += 1
-            buf = aligned_empty(self._stride * self._slots)
+            buf = aligned_empty(self._grad_bytes + self._stride * self._slots)
             if self.pin_memory:
                 buf = pinned(buf, "offload_optimizer.pin_memory")
             return buf
@@ -176,16 +196,20 @@ class OptimizerSwap:
         return buf
 
     def _slot(self, buf: torch.Tensor, j: int, numel: int) -> torch.Tensor:
-        return buf[j * self._stride : j * self._stride + numel * 4].view(torch.float32)
+        at = self._grad_bytes + j * self._stride
+        return buf[at : at + numel * 4].view(torch.float32)
 
     # ------------------------------------------------------------------ one view in and out
     def _read(self, buf: torch.Tensor, g: int, k: int) -> list[IOHandle]:
         lo, hi = self.bounds[g][k]
         names = [MASTER, *self.keys]
-        return [
+        handles = [
             self.io.read(self._path(g, key), lo * 4, self._slot(buf, j, hi - lo))
             for j, key in enumerate(names)
         ]
+        if self.grads is not None:
+            handles += self.grads.read_into(buf[: self._grad_bytes], g, lo, hi)
+        return handles
 
     def _attach(self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, g: int, k: int) -> None:
         lo, hi = self.bounds[g][k]
@@ -238,6 +262,8 @@ class OptimizerSwap:
     def prefetch(self) -> None:
         """With ``pipeline_read``: issue the reads of the first sub-groups (one per buffer) now, so that they
         run under the work that precedes the step (the gradient norm); ``step`` takes them over."""
+        if self.grads is not None and self._ahead:  # read before a skipped step: those gradients are gone
+            self._drop_ahead()
         if not self.pipeline_read or self._ahead:
             return
         order = self._order()
@@ -261,11 +287,14 @@ class OptimizerSwap:
     def step(
         self,
         optimizer: torch.optim.Optimizer,
-        grads: list[torch.Tensor],
+        grads: Sequence,
         inv_scale: float,
         updated: Callable[[int, int, int, torch.Tensor], None],
     ) -> None:
-        """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master."""
+        """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master.
+
+        With ``grads`` (``GradSwap``) each view's gradient is read into its buffer with the master and state
+        (the ``grads`` argument is then the files, unused here); else ``grads[g]`` is group ``g``'s in memory."""
         order = self._order()
         reads, self._ahead = self._ahead, {}
         writes: deque = deque()  # (buffer, handle) in issue order
@@ -293,7 +322,11 @@ class OptimizerSwap:
             self._attach(optimizer, buf, g, k)
             lo, hi = self.bounds[g][k]
             view = self.views[g][k]
-            view.grad = grads[g][lo:hi].to(torch.float32).mul_(inv_scale)
+            if self.grads is not None:  # read into this buffer with the master and state
+                grad = self.grads.region_view(buf[: self._grad_bytes], g, lo, hi)
+            else:
+                grad = grads[g][lo:hi]
+            view.grad = grad.to(torch.float32).mul_(inv_scale)
             t0 = time.perf_counter()
             optimizer.step()
             if self.trace is not None:
