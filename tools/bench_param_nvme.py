@@ -4,7 +4,9 @@ One process (gloo, world 1), a stack of square Linear layers, both offloads on t
 run (cpu/cpu, then nvme/nvme with max_in_cpu 0), AdamW. Prints per run: the median step time (forward +
 backward + step) over the steps after the first, the bytes the swap files took in and gave per step
 (parameters and optimizer state), the peak RSS of the run (each run is its own process), and whether the
-losses are equal.
+losses are equal. ``nvme-syncw`` is the nvme run with the step's weight writes waited for one by one (as
+before they were left in flight while the next sub-groups step: ``ParamSwap.write_range`` forced to
+``wait=True`` in that child), the before/after of the asynchronous writes in one run.
 
     python tools/bench_param_nvme.py --layers 8 --width 2048 --steps 4 --nvme-path /var/tmp/ds-nvme
 """
@@ -55,6 +57,9 @@ def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
     }
 
 
+NAMES = ("cpu", "nvme", "nvme-syncw")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -63,20 +68,20 @@ def main() -> None:
     parser.add_argument(
         "--nvme-path", default=None, help="a directory on the disk to measure (default: a temp dir)"
     )
-    parser.add_argument("--only", choices=("cpu", "nvme"), help=argparse.SUPPRESS)  # one run, in a child
+    parser.add_argument("--only", choices=NAMES, help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
     if args.only is None:  # each run in its own process, so each peak RSS is its own
         results = {}
-        for name in ("cpu", "nvme"):
+        for name in NAMES:
             out = subprocess.run([sys.executable, *sys.argv, "--only", name], capture_output=True, text=True)
             if out.returncode:
                 raise SystemExit(out.stderr)
             results[name] = json.loads(out.stdout.strip().splitlines()[-1])
         print(results["cpu"]["header"])
         for name, r in results.items():
-            print(f"{name:5s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
+            print(f"{name:10s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
                   f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB")  # fmt: skip
-        print("losses equal:", results["cpu"]["losses"] == results["nvme"]["losses"])
+        print("losses equal:", all(r["losses"] == results["cpu"]["losses"] for r in results.values()))
         return
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29533", rank=0, world_size=1)
     base = Stage3Options(param_persistence_threshold=0, sub_group_size=args.width * args.width)
@@ -94,7 +99,12 @@ def main() -> None:
             optimizer_nvme=NvmeOptions(path, buffer_count=2, pipeline_read=True, pipeline_write=True),
         ),
     }
-    result = run(runs[args.only], args.layers, args.width, args.steps)
+    if args.only == "nvme-syncw":  # the synchronous weight writes of before (the baseline)
+        from ds_zero.stage3._param_swap import ParamSwap
+
+        write_range = ParamSwap.write_range
+        ParamSwap.write_range = lambda self, *a, wait=True: write_range(self, *a, wait=True)
+    result = run(runs[args.only.split("-")[0]], args.layers, args.width, args.steps)
     dist.destroy_process_group()
     print(json.dumps({**result, "header": header}))
 

@@ -134,7 +134,8 @@ def test_state_lives_in_per_rank_files(run):
         for name, s in r["runs"].items():
             assert s["folder"].endswith(os.path.join("ds_swap", f"rank{rank:05d}")), name
             n = s["partition_numel"]
-            assert s["files"] == {f"g0.{k}.bin": 4 * n for k in ("exp_avg", "exp_avg_sq", "master")}, name
+            files = {f"g0.{k}.bin": 4 * n for k in ("exp_avg", "exp_avg_sq", "master")}
+            assert s["files"] == {**files, ".ds-swap-folder": 0}, name  # and ds's marker (_swap_folders)
             assert s["master_storage_bytes"] == 0 and s["view_storage_bytes"] == 0, "no master in memory"
             assert s["state_bytes_in_memory"] == 0, "no element-wise optimizer state in memory between steps"
             # 3 steps: the first reads masters and writes masters + 2 states, then 3 tensors each way
