@@ -6,13 +6,14 @@ never read again (swap files are scratch), so the disk space they hold would lea
 them when its ``SwapFolder`` is made (the process group is up: the world size is known), so a path that
 is local to each node is cleared on every node, and a shared one by whichever rank comes first.
 
-Two jobs may point at one ``nvme_path``. Only a folder that ds made is removed: it holds the marker file
-``MARKER``, which the rank that uses the folder keeps open with a shared ``flock`` for as long as its swap
-lives. Removal takes the exclusive lock without waiting first, so a folder some live process still uses
-(another job on the same path, of any world size) is left alone, as is any folder without the marker
-(another program's, or a file that is not a rank folder). Locks are advisory and per host: on a file
-system shared between hosts only the locks taken on this host are seen, so two jobs on different hosts
-must not share one ``nvme_path`` (they would already clear each other's rank folders at start).
+Two running jobs must not share an ``nvme_path`` (each empties its own rank folders at start, so they would
+clear each other's rank 0 anyway), but one may be pointed at another's path by mistake, and other programs
+may keep folders there. So only a folder that ds made is removed: it holds the marker file ``MARKER``,
+which the rank that uses the folder keeps open with a shared ``flock`` for as long as its swap lives.
+Removal takes the exclusive lock without waiting first, so a folder a live process still uses (another
+job, of any world size) is left alone, as is any folder without the marker (another program's, or one
+from a ds before the marker: removed by hand). Locks are advisory and seen on one host only (on a file
+system shared between hosts, another host's live job is not seen).
 """
 
 from __future__ import annotations
