@@ -2,7 +2,7 @@
 
 One process (gloo, world 1), a stack of square Linear layers, both offloads on the same device kind each
 run (cpu/cpu, then nvme/nvme with max_in_cpu 0), AdamW. Prints per run: the median step time (forward +
-backward + step) over the steps after the first, the bytes the swap files took in and gave per step
+backward + step) over the steps after the first (with ``--repeats``, the median of the runs' medians), the bytes the swap files took in and gave per step
 (parameters and optimizer state), the peak RSS of the run (each run is its own process), and whether the
 losses are equal. ``nvme-syncw`` is the nvme run with the step's weight writes waited for one by one (as
 before they were left in flight while the next sub-groups step: ``ParamSwap.write_range`` forced to
@@ -68,18 +68,27 @@ def main() -> None:
     parser.add_argument(
         "--nvme-path", default=None, help="a directory on the disk to measure (default: a temp dir)"
     )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each, alternating; the median is printed"
+    )
     parser.add_argument("--only", choices=NAMES, help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
     if args.only is None:  # each run in its own process, so each peak RSS is its own
-        results = {}
-        for name in NAMES:
-            out = subprocess.run([sys.executable, *sys.argv, "--only", name], capture_output=True, text=True)
-            if out.returncode:
-                raise SystemExit(out.stderr)
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        results: dict[str, dict] = {}
+        for _ in range(args.repeats):  # the runs alternate, so a change in the machine's load hits each alike
+            for name in NAMES:
+                out = subprocess.run(
+                    [sys.executable, *sys.argv, "--only", name], capture_output=True, text=True
+                )
+                if out.returncode:
+                    raise SystemExit(out.stderr)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                results.setdefault(name, {**r, "all_step_s": []})["all_step_s"].append(r["step_s"])
         print(results["cpu"]["header"])
         for name, r in results.items():
-            print(f"{name:10s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
+            r["step_s"] = statistics.median(r["all_step_s"])
+            each = " ".join(f"{t:.2f}" for t in r["all_step_s"])
+            print(f"{name:10s} step {r['step_s']:.3f} s (runs: {each})  read {r['read_mb_per_step']:.0f} MB/step  "
                   f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB")  # fmt: skip
         print("losses equal:", all(r["losses"] == results["cpu"]["losses"] for r in results.values()))
         return
