@@ -2,10 +2,13 @@
 
 One process (gloo, world 1), a stack of square Linear layers, both offloads on the same device kind each
 run (cpu/cpu, then nvme/nvme with max_in_cpu 0), AdamW. Prints per run: the median step time (forward +
-backward + step) over the steps after the first, the bytes the swap files took in and gave per step
-(parameters and optimizer state, and the gradients where they are in files too), the peak RSS of the run
-(each run is its own process), the largest RSS seen after a backward and after a step (the training state
-alone: the peak RSS can be set by building the model), and whether the losses are equal.
+backward + step) over the steps after the first (with ``--repeats``, the median of the runs' medians), the
+bytes the swap files took in and gave per step (parameters and optimizer state, and the gradients where
+they are in files too), the peak RSS of the run (each run is its own process), the largest RSS seen after
+a backward and after a step (the training state alone: the peak RSS can be set by building the model), and
+whether the losses are equal. ``nvme-syncw`` is the nvme run with the step's weight writes waited for one
+by one (as before they were left in flight while the next sub-groups step: ``ParamSwap.write_range``
+forced to ``wait=True`` in that child), the before/after of the asynchronous writes in one run.
 
     python tools/bench_param_nvme.py --layers 8 --width 2048 --steps 4 --nvme-path /var/tmp/ds-nvme
 """
@@ -68,6 +71,9 @@ def run(options: Stage3Options, layers: int, width: int, steps: int) -> dict:
     }
 
 
+NAMES = ("cpu", "nvme", "nvme-syncw")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=8)
@@ -76,21 +82,30 @@ def main() -> None:
     parser.add_argument(
         "--nvme-path", default=None, help="a directory on the disk to measure (default: a temp dir)"
     )
-    parser.add_argument("--only", choices=("cpu", "nvme"), help=argparse.SUPPRESS)  # one run, in a child
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each, alternating; the median is printed"
+    )
+    parser.add_argument("--only", choices=NAMES, help=argparse.SUPPRESS)  # one run, in a child
     args = parser.parse_args()
     if args.only is None:  # each run in its own process, so each peak RSS is its own
-        results = {}
-        for name in ("cpu", "nvme"):
-            out = subprocess.run([sys.executable, *sys.argv, "--only", name], capture_output=True, text=True)
-            if out.returncode:
-                raise SystemExit(out.stderr)
-            results[name] = json.loads(out.stdout.strip().splitlines()[-1])
+        results: dict[str, dict] = {}
+        for _ in range(args.repeats):  # the runs alternate, so a change in the machine's load hits each alike
+            for name in NAMES:
+                out = subprocess.run(
+                    [sys.executable, *sys.argv, "--only", name], capture_output=True, text=True
+                )
+                if out.returncode:
+                    raise SystemExit(out.stderr)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                results.setdefault(name, {**r, "all_step_s": []})["all_step_s"].append(r["step_s"])
         print(results["cpu"]["header"])
         for name, r in results.items():
-            print(f"{name:5s} step {r['step_s']:.3f} s  read {r['read_mb_per_step']:.0f} MB/step  "
+            r["step_s"] = statistics.median(r["all_step_s"])
+            each = " ".join(f"{t:.2f}" for t in r["all_step_s"])
+            print(f"{name:10s} step {r['step_s']:.3f} s (runs: {each})  read {r['read_mb_per_step']:.0f} MB/step  "
                   f"written {r['written_mb_per_step']:.0f} MB/step  peak RSS {r['peak_rss_mb']:.0f} MB  "
                   f"RSS after backward {r['backward_rss_mb']:.0f} MB, after step {r['step_rss_mb']:.0f} MB")  # fmt: skip
-        print("losses equal:", results["cpu"]["losses"] == results["nvme"]["losses"])
+        print("losses equal:", all(r["losses"] == results["cpu"]["losses"] for r in results.values()))
         return
     with socket.socket() as sock:  # a free port: other runs on the machine may hold any fixed one
         sock.bind(("127.0.0.1", 0))
@@ -111,7 +126,12 @@ def main() -> None:
             optimizer_nvme=NvmeOptions(path, buffer_count=2, pipeline_read=True, pipeline_write=True),
         ),
     }
-    result = run(runs[args.only], args.layers, args.width, args.steps)
+    if args.only == "nvme-syncw":  # the synchronous weight writes of before (the baseline)
+        from ds_zero.stage3._param_swap import ParamSwap
+
+        write_range = ParamSwap.write_range
+        ParamSwap.write_range = lambda self, *a, wait=True: write_range(self, *a, wait=True)
+    result = run(runs[args.only.split("-")[0]], args.layers, args.width, args.steps)
     dist.destroy_process_group()
     print(json.dumps({**result, "header": header}))
 

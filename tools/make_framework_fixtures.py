@@ -9,7 +9,7 @@ framework releases pinned in noxfile.py's FRAMEWORKS) and writes
 of the weights the script saves (for the cases that pass ``--save``).
 To add a framework or a case, add rows to CASES: the tests read the fixture by the same case names.
 
-The nvme cases (``zero3_nvme``, ``lightning_stage_3_offload_nvme``) also record ``deepspeed_swap_files``: every
+The nvme cases (the Trainer's and Accelerate's ``zero3_nvme``, ``lightning_stage_3_offload_nvme``) also record ``deepspeed_swap_files``: every
 file DeepSpeed left under the case's nvme_path with its size and non-zero bytes. Recorded 2026-12-06: none.
 DeepSpeed 0.19.8 swaps a parameter partition or an optimizer tensor to disk only when it holds at least
 ``max(1 MiB, aio.block_size)`` bytes (``swap_tensor/utils.py`` MIN_AIO_BYTES, ``swappable_tensor``); every
@@ -48,6 +48,7 @@ CASES: list[tuple[str, str, str, list[str], int | None]] = [
     ("accelerate", "zero0", "accelerate_script.py", ["--stage", "0"], 2),
     ("accelerate", "zero2", "accelerate_script.py", ["--stage", "2"], 2),
     ("accelerate", "zero3", "accelerate_script.py", ["--stage", "3"], 2),
+    ("accelerate", "zero3_nvme", "accelerate_script.py", ["--stage", "3", "--nvme"], 2),
     ("lightning", "lightning_zero0", "lightning_script.py", ["--stage", "0", *L_ARGS], None),
     ("lightning", "lightning_zero2", "lightning_script.py", ["--stage", "2", *L_ARGS], None),
     ("lightning", "lightning_zero3", "lightning_script.py", ["--stage", "3", *L_ARGS], None),

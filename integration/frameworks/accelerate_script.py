@@ -46,6 +46,9 @@ def main() -> None:
     p.add_argument("--ddp", action="store_true", help="Accelerate's DDP, no DeepSpeed (benchmark baseline)")
     p.add_argument("--width", type=int, default=32, help="hidden width (the benchmark uses a larger one)")
     p.add_argument("--layers", type=int, default=1, help="hidden layers")
+    p.add_argument(
+        "--nvme", action="store_true", help="ZeRO-3 with parameters and optimizer on nvme under OUT/nvme"
+    )
     args = p.parse_args()
     import accelerate.state
     from accelerate import Accelerator, DeepSpeedPlugin
@@ -61,6 +64,17 @@ def main() -> None:
         "zero_optimization": {"stage": args.stage, "stage3_gather_16bit_weights_on_model_save": True},
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
     }
+    if args.nvme:
+        if args.stage != 3:
+            raise SystemExit("--nvme offloads the parameters too: ZeRO stage 3 only")
+        nvme_path = Path(args.out) / "nvme"
+        nvme_path.mkdir(parents=True, exist_ok=True)
+        ds_config["zero_optimization"].update(
+            stage3_param_persistence_threshold=0,
+            offload_param={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4,
+                           "buffer_size": 8192, "max_in_cpu": 0},
+            offload_optimizer={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4},
+        )  # fmt: skip
     accelerator = Accelerator(deepspeed_plugin=None if args.ddp else DeepSpeedPlugin(hf_ds_config=ds_config))
     torch.manual_seed(0)
     hidden = []
@@ -69,6 +83,8 @@ def main() -> None:
     model = torch.nn.Sequential(
         torch.nn.Linear(16, args.width), torch.nn.GELU(), *hidden, torch.nn.Linear(args.width, 4)
     )
+    if accelerator.is_main_process:  # the parameter count, before any engine partitions it
+        print(json.dumps({"numel": sum(p.numel() for p in model.parameters())}), flush=True)
     loader = torch.utils.data.DataLoader(data(), batch_size=micro, shuffle=False)
     from accelerate.utils import DummyOptim
 

@@ -82,3 +82,22 @@ def swap_files(nvme_path: Path) -> dict[str, dict[str, int]]:
         data = path.read_bytes()
         found[str(path.relative_to(nvme_path))] = {"bytes": len(data), "nonzero": len(data) - data.count(0)}
     return found
+
+
+def assert_swapped_to_disk(nvme_path: Path, numel: int, ranks: int) -> None:
+    """ds wrote each rank's parameter partitions and optimizer state into files under ``nvme_path``: every
+    rank has a parameter file and optimizer files, and the parameter files hold at least the model's fp32
+    values (``numel`` * 4 bytes, less 1% for bytes of a value that happen to be zero) in written, non-zero
+    bytes, the optimizer files three times that (masters, exp_avg, exp_avg_sq)."""
+    found = swap_files(nvme_path)
+    assert found, f"no files under nvme_path {nvme_path}: the offload did not go to disk"
+    by_kind: dict[str, int] = {"param": 0, "optimizer": 0}
+    ranks_seen: dict[str, set[str]] = {"param": set(), "optimizer": set()}
+    for name, seen in found.items():
+        kind = "param" if name.startswith("ds_swap_params/") else "optimizer"
+        by_kind[kind] += seen["nonzero"]
+        ranks_seen[kind].add(Path(name).parent.name)
+    every = {f"rank{r:05d}" for r in range(ranks)}
+    assert ranks_seen == {"param": every, "optimizer": every}, sorted(found)
+    assert by_kind["param"] >= 0.99 * 4 * numel, (by_kind, numel, found)
+    assert by_kind["optimizer"] >= 0.99 * 3 * 4 * numel, (by_kind, numel, found)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import HERE, losses, run_script, swap_files, weights
+from launch import HERE, assert_swapped_to_disk, losses, run_script, weights
 
 pytest.importorskip("transformers")
 from safetensors.torch import load_file  # noqa: E402
@@ -59,25 +59,6 @@ def zero3_run(tmp_path_factory) -> tuple[list[dict], Path]:
 def test_fixture_is_deepspeed_0198():
     assert FIXTURE["deepspeed_version"] == "0.19.8"
     assert set(FIXTURE["cases"]) == {"zero0", "zero2_offload", "zero3", "zero3_nvme"}
-
-
-def assert_swapped_to_disk(nvme_path: Path, numel: int, ranks: int) -> None:
-    """ds wrote each rank's parameter partitions and optimizer state into files under ``nvme_path``: every
-    rank has a parameter file and optimizer files, and the parameter files hold at least the model's fp32
-    values (``numel`` * 4 bytes, less 1% for bytes of a value that happen to be zero) in written, non-zero
-    bytes, the optimizer files three times that (masters, exp_avg, exp_avg_sq)."""
-    found = swap_files(nvme_path)
-    assert found, f"no files under nvme_path {nvme_path}: the offload did not go to disk"
-    by_kind: dict[str, int] = {"param": 0, "optimizer": 0}
-    ranks_seen: dict[str, set[str]] = {"param": set(), "optimizer": set()}
-    for name, seen in found.items():
-        kind = "param" if name.startswith("ds_swap_params/") else "optimizer"
-        by_kind[kind] += seen["nonzero"]
-        ranks_seen[kind].add(Path(name).parent.name)
-    every = {f"rank{r:05d}" for r in range(ranks)}
-    assert ranks_seen == {"param": every, "optimizer": every}, sorted(found)
-    assert by_kind["param"] >= 0.99 * 4 * numel, (by_kind, numel, found)
-    assert by_kind["optimizer"] >= 0.99 * 3 * 4 * numel, (by_kind, numel, found)
 
 
 @pytest.mark.parametrize("case", ["zero0", "zero2_offload", "zero3_nvme"])

@@ -119,11 +119,13 @@ def resume_one_rank(rank: int, world: int, root: str) -> dict:
     out: dict = {}
     stale = os.path.join(root, "nvme", "ds_swap", f"rank{rank:05d}")
     out["stale_before"] = sorted(os.listdir(stale))
+    out["rank_folders_before"] = sorted(os.listdir(os.path.dirname(stale)))
     out["stale_mtimes"] = {n: os.stat(os.path.join(stale, n)).st_mtime_ns for n in out["stale_before"]}
     for name, offload in (("nvme", _nvme(os.path.join(root, "nvme"))), ("cpu", {"device": "cpu"})):
         engine = _engine(offload)
         if name == "nvme":  # the killed run's files were removed when the swap folder was made
             out["fresh_files"] = {n: os.stat(os.path.join(stale, n)).st_mtime_ns for n in os.listdir(stale)}
+            out["rank_folders_after"] = sorted(os.listdir(os.path.dirname(stale)))
         path, _ = engine.load_checkpoint(os.path.join(root, "ckpt"))
         out[f"{name}_loaded"] = path
         out[f"{name}_losses"] = _steps(engine, rank, 2, 2)

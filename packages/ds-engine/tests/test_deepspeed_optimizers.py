@@ -178,3 +178,44 @@ def test_stage3_parameters_carry_deepspeeds_attributes():
             assert p.ds_status == ZeroParamStatus.AVAILABLE
             torch.testing.assert_close(p.ds_tensor, p.detach().reshape(-1))
     assert all(p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in params.values())
+
+
+def test_zero_init_remote_nvme_keeps_partitions_in_memory_until_initialize_moves_them(tmp_path, caplog):
+    """``zero.Init(remote_device="nvme")`` (what Lightning's ``deepspeed_stage_3_offload_nvme`` strategy
+    opens around ``configure_model``): the partitions stay in CPU memory while the model is built, said
+    once in the log; ``initialize`` moves them into the parameter swap files (observed: the files hold
+    every weight), and the run trains as with ``remote_device="cpu"``. A config without parameters on nvme
+    is refused (nothing would ever reach the disk)."""
+    import logging
+
+    def config(nvme_path) -> dict:
+        zero = {"stage": 3, "stage3_param_persistence_threshold": 0, "offload_optimizer": {"device": "cpu"}}
+        zero["offload_param"] = {"device": "nvme", "nvme_path": str(nvme_path), "max_in_cpu": 0}
+        return {"train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW"}, "zero_optimization": zero}
+
+    with pytest.raises(ValueError, match="offload_param.device is 'nvme'"):
+        ds_engine.zero.Init(remote_device="nvme", config_dict_or_path={"zero_optimization": {"stage": 3}})
+    losses = {}
+    for remote in ("cpu", "nvme"):
+        path = tmp_path / remote
+        path.mkdir()
+        ds_engine.zero._said_nvme.clear()
+        with caplog.at_level(logging.WARNING, logger="ds_engine"):
+            with ds_engine.zero.Init(remote_device=remote, config_dict_or_path=config(path)):
+                built = _net()
+        said = "keeps this rank's partitions in CPU memory" in caplog.text
+        assert said == (remote == "nvme"), caplog.text
+        caplog.clear()
+        assert all(p.ds_tensor.device.type == "cpu" for p in built.parameters())
+        engine = ds_engine.initialize(model=built, config=config(path))[0]
+        numel = sum(p.ds_numel for p in built.parameters())
+        data = (path / "ds_swap_params" / "rank00000" / "g0.param.bin").read_bytes()
+        assert len(data) - data.count(0) >= 0.99 * 4 * numel, "the weights are not in the swap file"
+        losses[remote] = []
+        for step in range(2):
+            x = torch.randn(2, 4, generator=torch.Generator().manual_seed(step))
+            loss = engine(x).pow(2).mean()
+            engine.backward(loss)
+            engine.step()
+            losses[remote].append(loss.item())
+    assert losses["nvme"] == losses["cpu"]

@@ -2,7 +2,8 @@
 
 One 2-rank run trains, saves a checkpoint and has rank 0 SIGKILLed in the middle of its next optimizer
 step (swap files half rewritten). One 1-rank run then resumes that checkpoint at the other world size,
-with nvme on the killed run's swap folder (whose files must be cleared, never read as state) and with
+with nvme on the killed run's swap folder (whose files must be cleared, never read as state; the folder
+of rank 1, absent at 1 rank, removed) and with
 CPU offload (the losses must be equal), and fills a small tmpfs in a first step (a clear error with the
 bytes needed; the checkpoint saved before it unchanged).
 """
@@ -84,6 +85,14 @@ def test_resume_at_another_world_size_clears_the_stale_swap_files(runs):
         n not in r["stale_mtimes"] or r["fresh_files"][n] > r["stale_mtimes"][n] for n in r["fresh_files"]
     )
     assert r["nvme_losses"] == r["cpu_losses"], "nvme resumed differently from CPU offload"
+
+
+def test_resume_at_fewer_ranks_removes_the_vanished_ranks_swap_folders(runs):
+    """The 2-rank run's folder for rank 1 is never read at 1 rank: removed when the 1-rank run starts (it
+    holds ds's marker and no live process holds it), so its disk space does not leak."""
+    r = runs["resumed"]
+    assert r["rank_folders_before"] == ["rank00000", "rank00001"], r["rank_folders_before"]
+    assert r["rank_folders_after"] == ["rank00000"], r["rank_folders_after"]
 
 
 def test_disk_full_mid_step_names_the_bytes_and_keeps_the_checkpoint(runs):

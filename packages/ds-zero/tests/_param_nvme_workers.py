@@ -9,10 +9,11 @@ import time
 
 import _stage3_workers as w
 import torch
+import torch.distributed as dist
 from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from ds_zero.stage3._options import NvmeOptions, ParamNvmeOptions
-from ds_zero.stage3._swap import NvmeSpaceError
+from ds_zero.stage3._swap import NvmeSpaceError, SwapFolder
 from torch import nn
 
 BASE = Stage3Options(param_persistence_threshold=0, sub_group_size=24)
@@ -37,6 +38,15 @@ def _nvme(root: str, name: str, *, optimizer: bool = True, base: Stage3Options =
 def _train(rank: int, world: int, options: Stage3Options, dtype: torch.dtype, steps: int = 3, first: int = 0,
            built=None) -> tuple[list[float], ZeroStage3Optimizer]:  # fmt: skip
     model, zero = built or w.build(options, dtype=dtype)
+    swap = zero.params.swap
+    if swap is not None:  # at each sub-group's optimizer step: the weight writes left in flight before it
+        inner, zero.pending_at_step = zero.optimizer.step, []
+
+        def sampled(*args, **kwargs):  # noqa: ANN202
+            zero.pending_at_step.append((swap.writes_pending(), zero.aio.stats.queued))
+            return inner(*args, **kwargs)
+
+        zero.optimizer.step = sampled
     losses = []
     for step in range(first, first + steps):
         for micro in range(2):
@@ -74,6 +84,9 @@ def parity(rank: int, world: int, root: str, full: bool) -> dict:
                 "loss": max(abs(a - b) for a, b in zip(losses, ref_losses)),
                 "weights": _max_diff(zero.fp32_state_dict(), ref_w),
                 "reads": zero.params.swap.reads if zero.params.swap else None,
+                "pending_at_step": getattr(zero, "pending_at_step", None),
+                "writes_behind": zero.params.swap.writes_behind if zero.params.swap else None,
+                "writes_chained": zero.params.swap.writes_chained if zero.params.swap else None,
             }
     return out
 
@@ -203,6 +216,7 @@ def faults(rank: int, world: int, root: str) -> dict:
     losses, _ = _train(rank, world, _nvme(root, "stale", max_in_cpu=0), torch.float32)
     out["stale_loss_diff"] = max(abs(a - b) for a, b in zip(losses, ref_losses))
     out["stale_files"] = sorted(os.listdir(stale))
+    out["vanished"] = _vanished_ranks(rank, root)
     # a disk too small for the parameter files (a 4 KiB tmpfs the test mounts; each rank needs 8 KiB or
     # more): an error at construction, before any collective
     small = os.path.join(root, "small")
@@ -217,6 +231,29 @@ def faults(rank: int, world: int, root: str) -> dict:
         except NvmeSpaceError as e:
             out["disk_full"] = str(e)
     return out
+
+
+def _vanished_ranks(rank: int, root: str) -> dict:
+    """Swap folders of ranks this 2-rank run does not have (ds made them for ranks 2-4 of an earlier, larger
+    run): removed at start, except rank 4's, which a live process still holds (another job on the same
+    nvme_path), and rank00005, which ds did not make (no marker)."""
+    path = _dir(root, "vanish")
+    folders = os.path.join(path, "ds_swap_params")
+    live = None
+    if rank == 0:
+        for r in (2, 3):
+            SwapFolder(path, r, "offload_param", name="ds_swap_params")  # made, marked and released
+        live = SwapFolder(path, 4, "offload_param", name="ds_swap_params")
+        os.makedirs(os.path.join(folders, "rank00005"))
+    dist.barrier()
+    before = sorted(os.listdir(folders))
+    dist.barrier()  # both listed before either removes
+    w.build(
+        dataclasses.replace(BASE, param_nvme=ParamNvmeOptions(path, max_in_cpu=0), offload_optimizer=True)
+    )
+    dist.barrier()
+    del live
+    return {"before": before, "after": sorted(os.listdir(folders))}
 
 
 def checkpoint(rank: int, world: int, root: str) -> dict:

@@ -137,7 +137,8 @@ def test_state_lives_in_per_rank_files(run):
             assert s["folder"].endswith(os.path.join("ds_swap", f"rank{rank:05d}")), name
             n, es = s["partition_numel"], s["grad_itemsize"]
             files = {f"g0.{k}.bin": 4 * n for k in ("exp_avg", "exp_avg_sq", "master")}
-            assert s["files"] == {**files, "g0.grad.bin": es * n}, name  # the gradient in the model dtype
+            # the gradient in the model dtype, and ds's marker (_swap_folders)
+            assert s["files"] == {**files, "g0.grad.bin": es * n, ".ds-swap-folder": 0}, name
             assert s["master_storage_bytes"] == 0 and s["view_storage_bytes"] == 0, "no master in memory"
             assert s["state_bytes_in_memory"] == 0, "no element-wise optimizer state in memory between steps"
             # 3 steps: the first reads masters and writes masters + 2 states, then 3 tensors each way

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from ds_zero.stage3 import ZeroParamStatus, register_external_parameter
 from torch import nn
 
 from ds_engine._dist import init_distributed
+
+logger = logging.getLogger("ds_engine")
 
 __all__ = [
     "GatheredParameters",
@@ -29,7 +32,10 @@ class Init(PartitionOnConstruction):
     The whole model never exists on one rank; ``ds_engine.initialize`` with a stage-3 config then
     trains it. ``dtype`` defaults to the config's (fp16 -> float16, bf16 -> bfloat16, else unchanged).
     ``module`` partitions an already built module instead. ``remote_device="cpu"`` keeps the chunks in
-    CPU memory. Accepted and without effect here (each says why): ``mem_efficient_linear`` (torch's
+    CPU memory; so does ``remote_device="nvme"`` (DeepSpeed writes each partition to ``nvme_path`` as it is
+    made): ds keeps this rank's partitions in CPU memory until ``initialize`` moves them into
+    ``offload_param.nvme_path`` (the config must set ``offload_param.device: "nvme"``), and says so once in
+    the log. Accepted and without effect here (each says why): ``mem_efficient_linear`` (torch's
     linear already frees what it can), ``pin_memory`` (CPU chunks are only staging until initialize).
     """
 
@@ -50,11 +56,7 @@ class Init(PartitionOnConstruction):
         **unsupported: Any,
     ) -> None:
         if remote_device == "nvme":
-            raise ValueError(
-                "zero.Init(remote_device='nvme') is not supported by ds (it would write the partitions to disk "
-                "during construction); use 'cpu' or None: with offload_param.device 'nvme' in the config, "
-                "initialize() moves the partitions into nvme_path when it builds the ZeRO-3 optimizer"
-            )
+            _check_nvme_config(config_dict_or_path or config)
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
             raise ValueError("zero.Init: quantized weights (ZeRO++) are not supported by ds; remove the flag")
         for key, value in unsupported.items():
@@ -63,12 +65,37 @@ class Init(PartitionOnConstruction):
         if enabled and not dist.is_initialized():
             init_distributed()
         group = mpu.get_data_parallel_group() if mpu is not None else data_parallel_group
-        device = "cpu" if remote_device == "cpu" else None
+        device = "cpu" if remote_device in ("cpu", "nvme") else None
         super().__init__(group, dtype=dtype or _config_dtype(config_dict_or_path or config), device=device,
                          enabled=enabled)  # fmt: skip
         if module is not None and enabled:
             for m in module.modules():
                 self.partition_module(m)
+
+
+def _check_nvme_config(config: dict | str | None) -> None:
+    """``remote_device="nvme"``: the config must put the parameters on nvme (DeepSpeed reads its nvme_path there);
+    ds keeps the partitions in CPU memory until initialize, which the log says once."""
+    if config is not None and not isinstance(config, dict):
+        config = json.loads(Path(config).read_text())
+    offload = ((config or {}).get("zero_optimization") or {}).get("offload_param") or {}
+    if offload.get("device") != "nvme":
+        raise ValueError(
+            "zero.Init(remote_device='nvme') needs a config (config_dict_or_path) whose "
+            "zero_optimization.offload_param.device is 'nvme' with an nvme_path; use remote_device='cpu' or "
+            "None to keep the partitions in memory"
+        )
+    if not _said_nvme:
+        _said_nvme.append(True)
+        logger.warning(
+            "zero.Init(remote_device='nvme'): ds keeps this rank's partitions in CPU memory while the model is "
+            "built (DeepSpeed writes them to disk as they are made); initialize() moves them into "
+            "offload_param.nvme_path %s",
+            offload.get("nvme_path"),
+        )
+
+
+_said_nvme: list[bool] = []
 
 
 def _config_dtype(config: dict | str | None) -> torch.dtype | None:

@@ -89,7 +89,9 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         param_swap = None
         if param_nvme is not None:
             param_swap = ParamSwap(
-                SwapFolder(param_nvme.nvme_path, self.rank, "offload_param", name="ds_swap_params"),
+                SwapFolder(
+                    param_nvme.nvme_path, self.rank, "offload_param", name="ds_swap_params", world=self.dp
+                ),
                 self.aio,
                 buffer_count=param_nvme.buffer_count,
                 buffer_size=param_nvme.buffer_size,
@@ -124,7 +126,11 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             part = params.read_part(g, 0, n)
             self.masters.append(part.detach().to(master_device or part.device, torch.float32, copy=True))
         grad_dtypes = [options.grad_accum_dtype or d for d in params.part_dtypes]
-        folder = SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer") if nvme is not None else None
+        folder = (
+            SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer", world=self.dp)
+            if nvme is not None
+            else None
+        )
         self.grad_parts: GradPartitions | GradSwap
         if folder is not None:  # in files next to the masters and state (``_grad_swap``)
             assert self.aio is not None
@@ -238,12 +244,13 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         with self._resident_masters(write=False) as masters, torch.no_grad():
             for g, master in enumerate(masters):
                 if not self.params.shares_storage(g, master):
-                    self.params.write_part(g, 0, master.numel(), master)
+                    self.params.write_part(g, 0, master.numel(), master, wait=False)
         self.params.refresh_whole()
 
     def _master_updated(self, g: int, lo: int, hi: int, master: torch.Tensor) -> None:
-        """A swapped sub-group's new fp32 master reaches its weight partition."""
-        self.params.write_part(g, lo, hi, master)
+        """A swapped sub-group's new fp32 master reaches its weight partition (with the partitions in files,
+        written while the next sub-groups step: ``refresh_whole`` waits for the writes)."""
+        self.params.write_part(g, lo, hi, master, wait=False)
 
     @contextmanager
     def _resident_masters(self, *, write: bool) -> Iterator[list[torch.Tensor]]:

@@ -11,7 +11,13 @@ schedule reads the next modules' pieces ahead of use into the free buffers (``re
 recorded module order), so their I/O overlaps the current module's compute; a read issued ahead is
 given up when its buffer is needed now (``steals``) or when the micro-step ends (``drop_ahead``).
 Writes (a step's new weights, a load, a ``GatheredParameters`` modification) also go through a buffer,
-so every transfer is aligned and through ``O_DIRECT``.
+so every transfer is aligned and through ``O_DIRECT``. The step's writes are left in flight
+(``write_range(..., wait=False)``): each keeps its buffer (the source of the bytes) until it is waited for,
+so the disk writes one sub-group's new weights while the optimizer steps the next ones; ``flush`` waits
+for them all at the end of the step. A piece with a write in flight is never read from its file nor
+written again before that write is done: ``piece`` waits for it and hands out its buffer (which holds the
+newest values), and a second write of the piece (a sub-group that ends inside it: read, modify, write)
+starts from that buffer once the first write is done, so writes of one piece reach the file in order.
 
 The files are scratch like the optimizer's (``_swap.SwapFolder``): emptied when a run starts, never read
 as state; checkpoints stay ds's portable format.
@@ -83,12 +89,15 @@ class ParamSwap:
         self._free: list[torch.Tensor] = []
         self._held: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # read, not used yet
         self._using: dict[Hashable, torch.Tensor] = {}
+        self._writing: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # not waited yet
         # observed by the tests
         self.buffers_allocated = 0  # never above buffer_count
         self.peak_buffers_in_use = 0
         self.reads = 0  # pieces read from the files
         self.reads_ahead = 0  # of which issued ahead of use by the fetch schedule
         self.steals = 0  # reads issued ahead and given up for a buffer needed now
+        self.writes_behind = 0  # writes left in flight by ``write_range(..., wait=False)``
+        self.writes_chained = 0  # writes of a piece that waited for its previous write in flight
 
     # ------------------------------------------------------------------ setup
     def add_group(self, dtype: torch.dtype, pieces: Sequence[tuple[Hashable, str, int, int]]) -> None:
@@ -139,6 +148,9 @@ class ParamSwap:
             buf = aligned_empty(self.buffer_size * size)
             if self.pin_memory:
                 buf = pinned(buf, "offload_param.pin_memory")
+        elif self._writing:  # a write in flight: one that is done, else the oldest
+            key = next((k for k, (_, h) in self._writing.items() if h.done()), next(iter(self._writing)))
+            buf = self._finish_write(key)
         elif self._held:  # the read issued last is needed last: give it up
             _, (buf, handle) = self._held.popitem(last=True)
             handle.wait()
@@ -160,9 +172,34 @@ class ParamSwap:
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
         return self.io.read(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
 
-    def _write(self, p: _Piece, buf: torch.Tensor) -> None:
+    def _write(self, p: _Piece, buf: torch.Tensor) -> IOHandle:
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
-        self.io.write(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)]).wait()
+        return self.io.write(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
+
+    def _finish_write(self, key: Hashable) -> torch.Tensor:
+        """Wait for the piece's write in flight; its buffer (holding the piece's newest values) is the caller's."""
+        buf, handle = self._writing.pop(key)
+        try:
+            handle.wait()
+        except BaseException:
+            self._free.append(buf)
+            raise
+        return buf
+
+    def writes_pending(self) -> int:
+        """Writes issued and not waited for yet (their buffers still held)."""
+        return len(self._writing)
+
+    def flush(self) -> None:
+        """Wait for every write in flight and free its buffer (the end of a step); raises the first error."""
+        error = None
+        while self._writing:
+            try:
+                self._free.append(self._finish_write(next(iter(self._writing))))
+            except BaseException as e:  # the other writes are still waited for
+                error = error or e
+        if error is not None:
+            raise error
 
     # ------------------------------------------------------------------ gathers
     def piece(self, key: Hashable) -> torch.Tensor:
@@ -170,6 +207,10 @@ class ParamSwap:
         p = self._pieces[key]
         if p.cpu is not None:
             return p.cpu
+        if key in self._writing:  # its buffer holds the newest values: no read
+            buf = self._finish_write(key)
+            self._using[key] = buf
+            return self._view(buf, p)
         held = self._held.pop(key, None)
         if held is not None:
             buf, handle = held
@@ -188,7 +229,7 @@ class ParamSwap:
     def read_ahead(self, key: Hashable) -> bool:
         """Start reading a piece the schedule says is needed soon; False when no buffer is free for it."""
         p = self._pieces.get(key)
-        if p is None or p.cpu is not None or key in self._held:
+        if p is None or p.cpu is not None or key in self._held or key in self._writing:
             return True
         if not self._free and self.buffers_allocated >= self.buffer_count:
             return False
@@ -224,23 +265,33 @@ class ParamSwap:
             self.done(p.key)
         return out
 
-    def write_range(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
-        """Set elements ``[lo, hi)`` of the partition (padding elements are not stored)."""
+    def write_range(self, g: int, lo: int, hi: int, values: torch.Tensor, *, wait: bool = True) -> None:
+        """Set elements ``[lo, hi)`` of the partition (padding elements are not stored). With ``wait=False``
+        the writes stay in flight, each holding its buffer, until ``flush`` (or a use of the piece)."""
         for p, a, b in self._overlapping(g, lo, hi):
             src = values[a - lo : b - lo]
             if p.cpu is not None:
                 p.cpu[a - p.lo : b - p.lo].copy_(src)
                 continue
             self.drop_ahead(p.key)  # a read issued ahead holds the old values
+            self.writes_chained += p.key in self._writing
             if (a, b) == (p.lo, p.hi):
-                buf = self._take()
+                # a write of the piece in flight is done before this one is issued (the file sees them in order)
+                buf = self._finish_write(p.key) if p.key in self._writing else self._take()
                 self._view(buf, p).copy_(src)
-            else:  # part of the piece: read, modify, write
+            else:  # part of the piece: read (or the buffer of its write in flight, once done), modify, write
                 self.piece(p.key)
                 buf = self._using.pop(p.key)
                 self._view(buf, p)[a - p.lo : b - p.lo].copy_(src)
-            self._write(p, buf)
-            self._free.append(buf)
+            handle = self._write(p, buf)
+            if wait:
+                try:
+                    handle.wait()
+                finally:
+                    self._free.append(buf)
+            else:
+                self._writing[p.key] = (buf, handle)
+                self.writes_behind += 1
 
     def write_piece(self, key: Hashable, values: torch.Tensor) -> None:
         p = self._pieces[key]

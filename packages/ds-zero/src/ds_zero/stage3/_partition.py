@@ -169,10 +169,11 @@ class PartitionedParams:
             return self.swap.read_range(g, lo, hi)
         return self._parts[g][lo:hi]
 
-    def write_part(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
-        """Set elements ``[lo, hi)`` of this rank's partition of group ``g`` (no ``on_write`` call)."""
+    def write_part(self, g: int, lo: int, hi: int, values: torch.Tensor, *, wait: bool = True) -> None:
+        """Set elements ``[lo, hi)`` of this rank's partition of group ``g`` (no ``on_write`` call); with the
+        partitions in files and ``wait=False`` the writes stay in flight until ``refresh_whole``."""
         if self.swap is not None:
-            self.swap.write_range(g, lo, hi, values.detach())
+            self.swap.write_range(g, lo, hi, values.detach(), wait=wait)
         else:
             with torch.no_grad():
                 self._parts[g][lo:hi].copy_(values)
@@ -346,8 +347,11 @@ class PartitionedParams:
         """After the partitions changed (a step, a load): re-gather what must stay whole, release the rest.
 
         Persistent and pinned parameters are gathered anew; any other whole parameter is stale, so its
-        forward/backward holds are dropped (no forward or backward is running between steps).
+        forward/backward holds are dropped (no forward or backward is running between steps). Writes to
+        the swap files left in flight by the step are waited for first.
         """
+        if self.swap is not None:
+            self.swap.flush()
         whole = [s for s in self.slots.values() if s.persistent or s.pins > 0]
         for s in self.slots.values():
             s.fwd_users, s.bwd_hold = 0, False

@@ -39,6 +39,7 @@ import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
+from ._swap_folders import hold_marker, remove_vanished_ranks
 
 
 class GradRegions(Protocol):
@@ -63,9 +64,13 @@ class NvmeSpaceError(OSError):
 
 
 class SwapFolder:
-    """This rank's folder of swap files under ``nvme_path/name``; emptied when created (stale files are scratch)."""
+    """This rank's folder of swap files under ``nvme_path/name``; emptied when created (stale files are scratch).
+    With ``world`` (the ranks of this run), the folders ds made for ranks >= ``world`` (a run with more
+    ranks before) and no live process uses are removed (``_swap_folders``)."""
 
-    def __init__(self, nvme_path: str | None, rank: int, key: str, name: str = "ds_swap") -> None:
+    def __init__(
+        self, nvme_path: str | None, rank: int, key: str, name: str = "ds_swap", world: int | None = None
+    ) -> None:
         if not nvme_path:
             raise ZeroConfigError(f"zero_optimization.{key}.device 'nvme' needs {key}.nvme_path: a directory")
         if not os.path.isdir(nvme_path):
@@ -82,6 +87,14 @@ class SwapFolder:
         if os.path.isdir(self.path):  # a previous (killed) run's files: scratch, never state
             shutil.rmtree(self.path)
         os.makedirs(self.path)
+        self._marker = hold_marker(self.path)
+        self.removed = [] if world is None else remove_vanished_ranks(os.path.dirname(self.path), world)
+
+    def __del__(self) -> None:
+        marker = getattr(self, "_marker", -1)
+        if marker >= 0:
+            os.close(marker)
+            self._marker = -1
 
     def file(self, name: str) -> str:
         return os.path.join(self.path, name)
