@@ -12,8 +12,8 @@ _INFERENCE = (
 )
 _KERNELS = "DeepSpeed's compiled CUDA/C++ kernels and their builders: ds compiles no ops (torch and Numba kernels instead)"
 _NVME = (
-    "DeepSpeed's NVMe swapper classes and aio/GDS handles: ds's NVMe optimizer-state offload (stage 3) has its own "
-    "(ds_zero._aio, ds_zero.stage3._swap); parameter offload to NVMe is not in ds (ds-config refuses it)"
+    "DeepSpeed's NVMe swapper classes and aio/GDS handles: ds's NVMe offload at stage 3 (parameters, optimizer "
+    "state, gradients) has its own (ds_zero._aio, ds_zero.stage3._swap, _param_swap, _grad_swap)"
 )
 _PIPE = "pipeline parallelism: ds trains one nn.Module, data parallel with ZeRO"
 _MOE = "mixture of experts / expert parallelism"
