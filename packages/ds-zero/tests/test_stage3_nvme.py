@@ -7,6 +7,7 @@ buffers and pipelines, a resume, the faults (a full disk on a small tmpfs the te
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -260,6 +261,7 @@ def test_a_gradient_write_that_finds_the_disk_full_raises_at_the_backward(tmp_pa
     from ds_zero.stage3._swap import NvmeSpaceError, SwapFolder
 
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(tmp_path)], check=True)
+    swap = None
     try:
         io = _io()
         swap = GradSwap(SwapFolder(str(tmp_path), 0, "offload_optimizer"), io, [8192], [torch.float32])
@@ -274,4 +276,6 @@ def test_a_gradient_write_that_finds_the_disk_full_raises_at_the_backward(tmp_pa
             swap.finish()
         io.close()
     finally:
+        swap = None  # its folder holds a lock on ds's marker file (_swap_folders): let go before the unmount
+        gc.collect()
         subprocess.run(["umount", str(tmp_path)], check=True)

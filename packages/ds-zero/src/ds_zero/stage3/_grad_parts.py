@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-__all__ = ["GradPartitions"]
+__all__ = ["GradPartitions", "mark_written", "split_written"]
 
 
 class GradPartitions:
@@ -98,24 +98,33 @@ class GradPartitions:
         return self._parts[g]
 
     def _split(self, g: int, lo: int, hi: int) -> list[tuple[int, int, bool]]:
-        """``[lo, hi)`` cut into runs, each with whether it was written already."""
-        out, pos = [], lo
-        for a, b in self._written[g]:
-            if b <= pos or a >= hi:
-                continue
-            if a > pos:
-                out.append((pos, a, False))
-            out.append((max(a, pos), min(b, hi), True))
-            pos = min(b, hi)
-        if pos < hi:
-            out.append((pos, hi, False))
-        return out
+        return split_written(self._written[g], lo, hi)
 
     def _mark(self, g: int, lo: int, hi: int) -> None:
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted([*self._written[g], (lo, hi)]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        self._written[g] = merged
+        self._written[g] = mark_written(self._written[g], lo, hi)
+
+
+def split_written(written: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int, bool]]:
+    """``[lo, hi)`` cut into runs, each with whether it lies in ``written`` (disjoint, sorted ranges)."""
+    out, pos = [], lo
+    for a, b in written:
+        if b <= pos or a >= hi:
+            continue
+        if a > pos:
+            out.append((pos, a, False))
+        out.append((max(a, pos), min(b, hi), True))
+        pos = min(b, hi)
+    if pos < hi:
+        out.append((pos, hi, False))
+    return out
+
+
+def mark_written(written: list[tuple[int, int]], lo: int, hi: int) -> list[tuple[int, int]]:
+    """``written`` with ``[lo, hi)`` added, merged back into disjoint, sorted ranges."""
+    merged: list[tuple[int, int]] = []
+    for a, b in sorted([*written, (lo, hi)]):
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+        else:
+            merged.append((a, b))
+    return merged

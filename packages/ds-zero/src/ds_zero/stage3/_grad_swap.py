@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from ._grad_parts import mark_written, split_written
 from ._swap import NvmeSpaceError, SwapFolder
 
 __all__ = ["GradFile", "GradSwap"]
@@ -261,27 +262,10 @@ class GradSwap:
             self._retire(p)
 
     def _split(self, g: int, lo: int, hi: int) -> list[tuple[int, int, bool]]:
-        """``[lo, hi)`` cut into runs, each with whether it was written already."""
-        out, pos = [], lo
-        for a, b in self._written[g]:
-            if b <= pos or a >= hi:
-                continue
-            if a > pos:
-                out.append((pos, a, False))
-            out.append((max(a, pos), min(b, hi), True))
-            pos = min(b, hi)
-        if pos < hi:
-            out.append((pos, hi, False))
-        return out
+        return split_written(self._written[g], lo, hi)
 
     def _mark(self, g: int, lo: int, hi: int) -> None:
-        merged: list[tuple[int, int]] = []
-        for a, b in sorted([*self._written[g], (lo, hi)]):
-            if merged and a <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
-            else:
-                merged.append((a, b))
-        self._written[g] = merged
+        self._written[g] = mark_written(self._written[g], lo, hi)
 
 
 class GradFile:
