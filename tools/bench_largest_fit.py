@@ -299,7 +299,7 @@ def rung_line(r: dict) -> str:
             f"peak total RSS {r['peak_total_rss_gib']:.2f} GiB; step s {nums(r['step_s'])} "
             f"(update {nums(r['update_s'])}); loss {nums(r['loss'], '.4f')}; wall {r['wall_s']:.0f} s\n"
             "      peak RSS GiB by phase: " + ", ".join(f"{k} {v:.2f}" for k, v in r["peak_rss_gib_by_phase"].items()))  # fmt: skip
-    if r["swap_disk_gib"] or any(any(x) for x in r["io_gb"]):
+    if IMPLS[r["impl"]].get("offload") == "nvme":
         line += (f"\n      swap files {r['swap_disk_gib']:.2f} GiB; disk GB per step (fwd+bwd read, written; "
                  f"update read, written): " + "; ".join(nums(x) for x in r["io_gb"]))  # fmt: skip
     return line
