@@ -59,6 +59,25 @@ verified beyond 0.21B) DDP and ds stage 2 stop within the first 2-4 rungs and FS
 itself (not measured). To save time, run the rungs that matter per implementation (each is still judged
 the same way), e.g. ``--impls ddp,ds2 --layers 4,8,12,16,20,24`` then ``--impls ds3,fsdp2 --layers
 8,12,16,20,24,28,32``.
+
+ZeRO-Infinity (docs/benchmarks.md, "The largest GPT with parameters and optimizer state on disk"): one
+rank with 2 threads, bf16, width 2560 (GPT-3 2.7B's), 20 heads, so 78.7M parameters per layer plus 41.3M
+of embeddings (13 layers = 1.064B, 38 layers = 3.031B). DeepSpeed 0.19.8 needs the stage-3 working set
+small for its parameter swap buffers (with its defaults it failed at 3 layers, "Not enough buffers 0 for
+swapping 1"; with a prefetch of 5e7 elements "param 28 already assigned swap buffer id 1"); both engines
+get the same keys. Measured on the shared machine (load average 5-20, ``nice -n 10``): peak total RSS
+ds 1.14 / 1.70 / 2.75 GiB at 0.120 / 0.277 / 0.592B (~3.5 bytes per parameter above ~0.8 GiB),
+DeepSpeed 3.62 / 5.11 GiB at 0.120 / 0.277B (~10 bytes per parameter above ~2.5 GiB); swap files 14
+bytes per parameter for ds, 18 for DeepSpeed; a rung takes ~45 s + ~4.5 min per billion parameters for
+ds at 1 rank (start-up, construction and initialize ~75 s per billion, steps ~60 s per billion each),
+DeepSpeed ~12 s + ~3.7 min per billion. ``--offload-optimizer``'s buffers and ``sub_group_size`` set
+the rest of the fixed memory (DeepSpeed's optimizer swap buffers are ``sub_group_size`` elements each).
+
+    python tools/bench_largest_fit.py --impls ds3-nvme,deepspeed-nvme --world 1 --threads 2 --width 2560 \
+      --heads 20 --layers 13 --dtype bf16 --checkpoint-activations --budget-gib 21 --fio \
+      --zero '{"sub_group_size": 50000000, "stage3_max_live_parameters": 100000000, \
+               "stage3_prefetch_bucket_size": 0, "stage3_max_reuse_distance": 0}' \
+      --offload-param '{"max_in_cpu": 0, "buffer_count": 10, "buffer_size": 50000000}'
 """
 
 from __future__ import annotations
