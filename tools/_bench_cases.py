@@ -121,6 +121,11 @@ def build_model(spec: dict, d: ModelDims) -> GPT:
 
         with ds_engine.zero.Init(config_dict_or_path=engine_config(spec, d)):
             return make_model(d)
+    if spec["impl"] == "deepspeed" and spec.get("offload") == "nvme":  # ZeRO-Infinity, as DeepSpeed's docs
+        import deepspeed  # build it: each partition is written to nvme_path as its module is constructed
+
+        with deepspeed.zero.Init(remote_device="nvme", config_dict_or_path=engine_config(spec, d)):
+            return make_model(d)
     if spec["impl"] == "fsdp2":
         with torch.device("meta"):
             return make_model(d)
@@ -147,7 +152,13 @@ def engine_config(spec: dict, d: ModelDims) -> dict:
     }
     if spec.get("overlap"):
         zero["overlap_comm"] = True
-    if spec.get("offload"):
+    if spec.get("offload") == "nvme":  # ZeRO-Infinity: parameters and optimizer state in files (ZeRO-3)
+        path = {"device": "nvme", "nvme_path": spec["nvme_path"]}
+        zero["offload_param"] = {**path, **spec.get("offload_param", {})}
+        zero["offload_optimizer"] = {**path, **spec.get("offload_optimizer", {})}
+        config["aio"] = spec.get("aio", {})
+        config["optimizer"] = {"type": "AdamW", "params": {"lr": LR}}
+    elif spec.get("offload"):
         zero["offload_optimizer"] = {"device": "cpu"}
         config["optimizer"] = {"type": "AdamW", "params": {"lr": LR}}
     if spec["impl"] == "deepspeed":
@@ -178,7 +189,13 @@ def _engine(model: GPT, spec: dict, d: ModelDims) -> StepFns:
     config = engine_config(spec, d)
     opt = None if "optimizer" in config else torch.optim.AdamW(model.parameters(), lr=LR)
     engine, *_ = engine_module.initialize(model=model, optimizer=opt, config=config)
-    return (lambda idx, tgt: engine.backward(engine(idx, tgt))), engine.step
+
+    def fwd_bwd(idx: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        loss = engine(idx, tgt)
+        engine.backward(loss)
+        return loss.detach()
+
+    return fwd_bwd, engine.step
 
 
 def _torch_step(model: nn.Module, wrapped: nn.Module) -> StepFns:

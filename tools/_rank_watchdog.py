@@ -76,6 +76,7 @@ class RunOutcome:
     peak_total_rss_bytes: int = 0
     wall_s: float = 0.0
     returncodes: list[int | None] = field(default_factory=list)
+    samples: list[tuple[float, int]] = field(default_factory=list)  # (time.time(), total RSS bytes)
 
 
 def classify_failure(returncode: int, stderr_tail: str) -> tuple[str, bool]:
@@ -115,13 +116,14 @@ def run_watched(
         procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(rank), LOCAL_RANK=str(rank)),
                                       stdout=out, stderr=err))  # fmt: skip
         out.close(), err.close()
-    start, peak = time.monotonic(), 0
+    start, peak, samples = time.monotonic(), 0, []
     outcome, oom = None, False
     try:
         while outcome is None:
             codes = [p.poll() for p in procs]
             total = total_rss_bytes([p.pid for p, c in zip(procs, codes) if c is None])
             peak = max(peak, total)
+            samples.append((time.time(), total))
             failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
             if total > budget_bytes:
                 outcome, oom = RunOutcome(False, f"total RSS {total / GIB:.2f} GiB passed the budget "
@@ -136,7 +138,13 @@ def run_watched(
                 outcome = RunOutcome(False, f"timed out after {timeout_s:.0f} s")
             else:
                 time.sleep(SAMPLE_S)
-    finally:  # never leave a rank behind, whatever happened here
+    finally:  # never leave a rank behind, whatever happened here, nor what a rank started (a compiler
+        # building an op, an I/O helper): orphaned, it would hold memory and the lock of the build it ran
+        for pid in [d for p in procs if p.poll() is None for d in _descendants(p.pid)[1:]]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for p in procs:
             if p.poll() is None:
                 p.kill()
@@ -145,4 +153,5 @@ def run_watched(
     outcome.peak_total_rss_bytes = peak
     outcome.wall_s = time.monotonic() - start
     outcome.returncodes = [p.returncode for p in procs]
+    outcome.samples = samples
     return outcome, oom

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import _stage3_workers as w
@@ -57,6 +59,17 @@ def test_release_freed_heap_returns_it_to_the_os(monkeypatch):
     before = _rss_mb()
     assert not _heap.release_freed_heap()
     assert before - _rss_mb() < 40, "DS_ZERO_MALLOC_TRIM=0 leaves the heap alone"
+
+
+def test_a_fixed_mmap_threshold_unmaps_large_blocks_when_freed():
+    """After ``fix_mmap_threshold`` the blocks ``_retained_heap_mb`` frees leave the resident set at once
+    (without it they stay: the first test's setup check). In a fresh interpreter: the setting is process-wide."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_stage3_heap as t; "
+        "from ds_zero.stage3 import _heap; assert _heap.fix_mmap_threshold(); print(t._retained_heap_mb()[0])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert float(out.split()[-1]) > 60, "the 2 MiB blocks were mapped one by one and unmapped when freed"
 
 
 def test_the_optimizer_trims_after_wrapping_and_after_steps_that_free_enough(monkeypatch):

@@ -6,6 +6,7 @@ model as it is built; ``GatheredParameters`` makes parameters whole for a block.
 
 from ._construct import PartitionOnConstruction
 from ._gathered import GatheredParameters
+from ._heap import fix_mmap_threshold
 from ._hooks import register_external_parameter
 from ._optimizer import ZeroStage3Optimizer
 from ._options import CONFIG_FIELDS_STAGE3, Stage3Options
@@ -18,5 +19,6 @@ __all__ = [
     "Stage3Options",
     "ZeroParamStatus",
     "ZeroStage3Optimizer",
+    "fix_mmap_threshold",
     "register_external_parameter",
 ]

@@ -17,6 +17,14 @@ After a step it runs only when glibc holds more than ``DS_ZERO_MALLOC_TRIM_MIN_M
 back and faulting them in again cost a small model's step more than its forward and backward (the
 Trainer's GPT-2 of docs/benchmarks.md: its ZeRO-3 step took about twice as long trimming every step, on a
 loaded machine). A model whose step frees more is trimmed every step, as before.
+
+With the optimizer on NVMe the step streams hundreds of sub-groups, each with its own temporaries (the
+fp32 gradient, the update's), 16 MiB apiece, and the heap grew by them through the step until the trim
+at its end: ~8 bytes per parameter above the live set at 0.28B parameters (``tools/bench_largest_fit.py``
+and a sampler of the step's RSS, issue 36), which at 3B would pass the machine's memory. So there the
+engine fixes glibc's mmap threshold at ``STREAMED_MMAP_THRESHOLD`` (``fix_mmap_threshold``): every block
+of that size or more is mapped for itself and unmapped when freed, whatever was freed before; the cost
+is the page faults of each such block, small beside the disk I/O of the same sub-group.
 """
 
 from __future__ import annotations
@@ -24,7 +32,10 @@ from __future__ import annotations
 import ctypes
 import os
 
-__all__ = ["release_freed_heap"]
+__all__ = ["fix_mmap_threshold", "release_freed_heap"]
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
+STREAMED_MMAP_THRESHOLD = 1 << 20
 
 
 class _MallInfo2(ctypes.Structure):
@@ -33,9 +44,11 @@ class _MallInfo2(ctypes.Structure):
     )]  # fmt: skip
 
 
-_trim = _info = None
+_trim = _info = _mallopt = None
 try:
     _libc = ctypes.CDLL("libc.so.6")
+    _mallopt = _libc.mallopt
+    _mallopt.argtypes, _mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     _trim = _libc.malloc_trim
     _trim.argtypes, _trim.restype = [ctypes.c_size_t], ctypes.c_int
     _info = getattr(_libc, "mallinfo2", None)  # glibc 2.33+
@@ -45,6 +58,7 @@ except (OSError, AttributeError):  # not glibc
     pass
 
 trims = 0  # calls that reached glibc (observed by the tests)
+mmap_threshold: int | None = None  # what fix_mmap_threshold set (observed by the tests)
 
 
 def free_heap_bytes() -> int | None:
@@ -68,4 +82,17 @@ def release_freed_heap(at_least: int = 0) -> bool:
         return False
     _trim(0)
     trims += 1
+    return True
+
+
+def fix_mmap_threshold(nbytes: int = STREAMED_MMAP_THRESHOLD) -> bool:
+    """``mallopt(M_MMAP_THRESHOLD, nbytes)``: blocks of ``nbytes`` and more are mapped and unmapped one by
+    one from now on (glibc no longer raises the threshold as large blocks are freed). Process-wide; off
+    glibc, or with ``DS_ZERO_MALLOC_TRIM=0``, it does nothing. True when it was set."""
+    global mmap_threshold
+    if _mallopt is None or os.environ.get("DS_ZERO_MALLOC_TRIM", "1") == "0":
+        return False
+    if not _mallopt(M_MMAP_THRESHOLD, nbytes):
+        return False
+    mmap_threshold = nbytes
     return True
