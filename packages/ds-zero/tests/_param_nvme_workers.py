@@ -47,6 +47,7 @@ def _train(rank: int, world: int, options: Stage3Options, dtype: torch.dtype, st
             return inner(*args, **kwargs)
 
         zero.optimizer.step = sampled
+    writes_before = swap.piece_writes if swap is not None else 0
     losses = []
     for step in range(first, first + steps):
         for micro in range(2):
@@ -56,6 +57,9 @@ def _train(rank: int, world: int, options: Stage3Options, dtype: torch.dtype, st
             losses.append(loss.item())
             zero.backward(loss)
         zero.step()
+    if swap is not None:  # pieces written by the steps, against the pieces in the files
+        zero.step_piece_writes = swap.piece_writes - writes_before
+        zero.file_pieces = sum(p.cpu is None for ps in swap.groups for p in ps) * steps
     return losses, zero
 
 
@@ -87,6 +91,9 @@ def parity(rank: int, world: int, root: str, full: bool) -> dict:
                 "pending_at_step": getattr(zero, "pending_at_step", None),
                 "writes_behind": zero.params.swap.writes_behind if zero.params.swap else None,
                 "writes_chained": zero.params.swap.writes_chained if zero.params.swap else None,
+                "step_piece_writes": getattr(zero, "step_piece_writes", None),
+                "file_pieces_x_steps": getattr(zero, "file_pieces", None),
+                "settled": zero.params.swap.settled if zero.params.swap else None,
             }
     return out
 

@@ -14,10 +14,14 @@ Writes (a step's new weights, a load, a ``GatheredParameters`` modification) als
 so every transfer is aligned and through ``O_DIRECT``. The step's writes are left in flight
 (``write_range(..., wait=False)``): each keeps its buffer (the source of the bytes) until it is waited for,
 so the disk writes one sub-group's new weights while the optimizer steps the next ones; ``flush`` waits
-for them all at the end of the step. A piece with a write in flight is never read from its file nor
-written again before that write is done: ``piece`` waits for it and hands out its buffer (which holds the
-newest values), and a second write of the piece (a sub-group that ends inside it: read, modify, write)
-starts from that buffer once the first write is done, so writes of one piece reach the file in order.
+for them all at the end of the step. A sub-group that covers only part of a piece leaves the piece *dirty*
+(its buffer holds the new values of the ranges written so far) and its write is issued once the step's
+sub-groups have covered the whole piece, so each piece is written once per step and never read back for
+it; a dirty piece needed before then (a gather, a buffer, the step's end) has its other ranges read from
+the file first (``_settle``). A piece with a write in flight is never read from its file nor written again
+before that write is done: ``piece`` waits for it and hands out its buffer (which holds the newest
+values), and a later write of the piece starts from that buffer, so writes of one piece reach the file in
+order.
 
 The files are scratch like the optimizer's (``_swap.SwapFolder``): emptied when a run starts, never read
 as state; checkpoints stay ds's portable format.
@@ -34,6 +38,7 @@ import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
+from ._grad_parts import mark_written, split_written
 from ._swap import SwapFolder
 
 __all__ = ["ParamSwap"]
@@ -90,6 +95,8 @@ class ParamSwap:
         self._held: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # read, not used yet
         self._using: dict[Hashable, torch.Tensor] = {}
         self._writing: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # not waited yet
+        # partly updated, write not issued yet: the buffer and the ranges of it that hold new values
+        self._dirty: OrderedDict[Hashable, tuple[torch.Tensor, list[tuple[int, int]]]] = OrderedDict()
         # observed by the tests
         self.buffers_allocated = 0  # never above buffer_count
         self.peak_buffers_in_use = 0
@@ -98,6 +105,8 @@ class ParamSwap:
         self.steals = 0  # reads issued ahead and given up for a buffer needed now
         self.writes_behind = 0  # writes left in flight by ``write_range(..., wait=False)``
         self.writes_chained = 0  # writes of a piece that waited for its previous write in flight
+        self.piece_writes = 0  # pieces written to the files
+        self.settled = 0  # dirty pieces completed from their file before the step had covered them
 
     # ------------------------------------------------------------------ setup
     def add_group(self, dtype: torch.dtype, pieces: Sequence[tuple[Hashable, str, int, int]]) -> None:
@@ -151,6 +160,10 @@ class ParamSwap:
         elif self._writing:  # a write in flight: one that is done, else the oldest
             key = next((k for k, (_, h) in self._writing.items() if h.done()), next(iter(self._writing)))
             buf = self._finish_write(key)
+        elif self._dirty:  # every buffer holds a partly updated piece: complete the oldest from its file
+            key = next(iter(self._dirty))
+            self._settle(key)
+            buf = self._finish_write(key)
         elif self._held:  # the read issued last is needed last: give it up
             _, (buf, handle) = self._held.popitem(last=True)
             handle.wait()
@@ -173,6 +186,7 @@ class ParamSwap:
         return self.io.read(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
 
     def _write(self, p: _Piece, buf: torch.Tensor) -> IOHandle:
+        self.piece_writes += 1
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
         return self.io.write(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
 
@@ -186,13 +200,37 @@ class ParamSwap:
             raise
         return buf
 
+    def _settle(self, key: Hashable) -> None:
+        """Issue the write of a dirty piece now: the ranges the step has not written yet come from its file."""
+        buf, covered = self._dirty.pop(key)
+        p = self._pieces[key]
+        old = aligned_empty(_aligned(p.numel * torch.empty(0, dtype=self.dtypes[p.group]).element_size()))
+        self.reads += 1
+        try:
+            self.io.read(self.folder.file(self._name(p.group)), p.offset, old).wait()
+        except BaseException:
+            self._free.append(buf)
+            raise
+        new, old = self._view(buf, p), self._view(old, p)
+        for a, b, written in split_written(covered, p.lo, p.hi):
+            if not written:
+                new[a - p.lo : b - p.lo].copy_(old[a - p.lo : b - p.lo])
+        self._writing[key] = (buf, self._write(p, buf))
+        self.settled += 1
+
     def writes_pending(self) -> int:
         """Writes issued and not waited for yet (their buffers still held)."""
         return len(self._writing)
 
     def flush(self) -> None:
-        """Wait for every write in flight and free its buffer (the end of a step); raises the first error."""
+        """Write the dirty pieces, wait for every write in flight and free its buffer (the end of a step);
+        raises the first error."""
         error = None
+        while self._dirty:
+            try:
+                self._settle(next(iter(self._dirty)))
+            except BaseException as e:  # the other pieces are still written
+                error = error or e
         while self._writing:
             try:
                 self._free.append(self._finish_write(next(iter(self._writing))))
@@ -207,6 +245,8 @@ class ParamSwap:
         p = self._pieces[key]
         if p.cpu is not None:
             return p.cpu
+        if key in self._dirty:
+            self._settle(key)
         if key in self._writing:  # its buffer holds the newest values: no read
             buf = self._finish_write(key)
             self._using[key] = buf
@@ -229,7 +269,7 @@ class ParamSwap:
     def read_ahead(self, key: Hashable) -> bool:
         """Start reading a piece the schedule says is needed soon; False when no buffer is free for it."""
         p = self._pieces.get(key)
-        if p is None or p.cpu is not None or key in self._held or key in self._writing:
+        if p is None or p.cpu is not None or key in self._held or key in self._writing or key in self._dirty:
             return True
         if not self._free and self.buffers_allocated >= self.buffer_count:
             return False
@@ -274,6 +314,24 @@ class ParamSwap:
                 p.cpu[a - p.lo : b - p.lo].copy_(src)
                 continue
             self.drop_ahead(p.key)  # a read issued ahead holds the old values
+            if (a, b) != (p.lo, p.hi) and not wait:  # part of the piece: written once the step has covered it
+                if p.key in self._dirty:
+                    buf, covered = self._dirty.pop(p.key)
+                elif p.key in self._writing:  # its buffer holds all the newest values
+                    self.writes_chained += 1
+                    buf, covered = self._finish_write(p.key), [(p.lo, p.hi)]
+                else:
+                    buf, covered = self._take(), []
+                self._view(buf, p)[a - p.lo : b - p.lo].copy_(src)
+                covered = mark_written(covered, a, b)
+                if covered != [(p.lo, p.hi)]:
+                    self._dirty[p.key] = (buf, covered)
+                    continue
+                self._writing[p.key] = (buf, self._write(p, buf))
+                self.writes_behind += 1
+                continue
+            if p.key in self._dirty:
+                self._settle(p.key)
             self.writes_chained += p.key in self._writing
             if (a, b) == (p.lo, p.hi):
                 # a write of the piece in flight is done before this one is issued (the file sees them in order)
