@@ -90,6 +90,9 @@ def test_etc_hosts_modes():
 
 def test_kill_host_and_partition(cluster):
     sleeper = cluster.popen("node2", ["sleep", "300"])
+    deadline = time.monotonic() + 20  # nsenter joins node2's namespaces a moment after it starts
+    while sleeper.pid not in cluster.pids("node2") and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert sleeper.pid in cluster.pids("node2")
     assert sleeper.pid in cluster.kill_host("node2")
     assert sleeper.wait(timeout=10) == -signal.SIGKILL
