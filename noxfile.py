@@ -160,7 +160,7 @@ FRAMEWORKS = ["transformers==5.25.0", "accelerate==1.16.0", "lightning==2.6.6"]
 def frameworks(session: nox.Session) -> None:
     """Hugging Face Trainer, Accelerate and Lightning, unmodified, at 2 ranks on ds's `deepspeed` package,
     against DeepSpeed 0.19.8's recorded losses (integration/frameworks/fixtures, made by
-    tools/make_framework_fixtures.py)."""
+    tools/fixtures/make_framework_fixtures.py)."""
     _install(session, list(PACKAGES), {"ds-launch": ["mpi"]})
     session.install(*FRAMEWORKS)
     session.run(
@@ -193,10 +193,10 @@ def docs(session: nox.Session) -> None:
     """Package contracts (no sibling imports, no import circle inside a package, lock-step versions, a consumer
     for every config key), the reference."""
     session.install("pytest", "pytest-timeout", "pydantic>=2.6,<3", _local("ds-config"))
-    session.run("python", "tools/check_deps.py")
-    session.run("python", "tools/check_import_cycles.py")
-    session.run("python", "tools/gen_config_reference.py", "--check")
-    session.run("python", "tools/check_config_consumers.py")
+    session.run("python", "tools/checks/check_deps.py")
+    session.run("python", "tools/checks/check_import_cycles.py")
+    session.run("python", "tools/checks/gen_config_reference.py", "--check")
+    session.run("python", "tools/checks/check_config_consumers.py")
     session.run("python", "-m", "pytest", "tools/tests", "-q", "-rs")
 
 
@@ -208,7 +208,7 @@ def build(session: nox.Session) -> None:
     if not found:
         session.error("`nox -s build` needs uv next to nox: run it as `./dev -s build`")
     # nox's own interpreter (the clone's .venv under ./dev): the script needs only the standard library
-    session.run(sys.executable, "tools/build_packages.py", "--uv", uv, "--out", "dist", *session.posargs, external=True)
+    session.run(sys.executable, "tools/packaging/build_packages.py", "--uv", uv, "--out", "dist", *session.posargs, external=True)
 
 
 @nox.session

@@ -1,7 +1,7 @@
 """A script written for DeepSpeed runs on ds with only its import changed, and its losses match DeepSpeed's.
 
 The DeepSpeed losses were recorded from the real ``deepspeed`` 0.19.8 on CPU (2 ranks, same script, same
-config, and stage 3 with NVMe optimizer offload, and with parameters and optimizer on NVMe) by ``tools/make_deepspeed_loss_fixtures.py``; ds runs here at the session's world size, which must
+config, and stage 3 with NVMe optimizer offload, and with parameters and optimizer on NVMe) by ``tools/fixtures/make_deepspeed_loss_fixtures.py``; ds runs here at the session's world size, which must
 not matter because every rank takes its slice of the same global batch.
 """
 

@@ -1,6 +1,6 @@
 """DeepSpeed-style scripts run unmodified on ds's ``deepspeed`` package (``import deepspeed`` untouched), at 2
 ranks, under ds-launch, torchrun and DeepSpeed's own ``deepspeed`` command (ds's package); their losses match
-DeepSpeed 0.19.8's (recorded by ``tools/make_deepspeed_dropin_fixtures.py`` from the same scripts).
+DeepSpeed 0.19.8's (recorded by ``tools/fixtures/make_deepspeed_dropin_fixtures.py`` from the same scripts).
 
 Scripts (integration/scripts/dropin/): an image classifier in the 2020 style and in the current style
 (``deepspeed.accelerator``, ``deepspeed.comm``, ``deepspeed.utils``, a config with DeepSpeed's defaults spelled

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.skipif(world_size() != 2, reason="multi-host jobs run i
 
 cluster = cluster_fixture(2)
 SCRIPT = HERE / "scripts" / "checkpoint_fault.py"
-BOUND_S = 90.0  # the job ends within this of the loss (the 60 s goal is measured by tools/bench_multihost.py)
+# the job ends within this of the loss (the 60 s goal is measured by tools/bench/bench_multihost.py)
+BOUND_S = 90.0
 
 
 def test_a_host_lost_mid_checkpoint_leaves_the_previous_one_latest_and_loadable(cluster):

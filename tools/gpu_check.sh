@@ -3,10 +3,10 @@
 # but without this repository's packages installed and without network. From the repository root:
 #     OUT=/some/dir bash tools/gpu_check.sh
 # Python wheels missing there (pydantic for ds-config) are taken from .whl/ when present.
-# Results in $OUT (7 files; the device tool returns at most 8): engine.txt/engine.json (tools/gpu_engine_check.py,
+# Results in $OUT (7 files; the device tool returns at most 8): engine.txt/engine.json (tools/gpu/gpu_engine_check.py,
 # then the packages' tests marked cuda), kernels/gpu_check.sh's sparse_tests.txt and sparse_bench.md/json,
-# then zero.txt (tools/gpu_multirank_check.py: 2 ranks on one GPU over gloo) and zero_profile.txt
-# (tools/profile_zero_gpu.py: where a ZeRO-3 step's time goes against ZeRO-2 and FSDP2).
+# then zero.txt (tools/gpu/gpu_multirank_check.py: 2 ranks on one GPU over gloo) and zero_profile.txt
+# (tools/gpu/profile_zero_gpu.py: where a ZeRO-3 step's time goes against ZeRO-2 and FSDP2).
 # The whole run is held under 8 minutes: every step's timeout is its own ceiling or what is left of
 # DS_GPU_CHECK_BUDGET_S (450 s), whichever is smaller, in order of what matters most.
 set -u
@@ -29,7 +29,7 @@ for p in packages/*/src; do PYTHONPATH="$PWD/$p${PYTHONPATH:+:$PYTHONPATH}"; don
 export PYTHONPATH="$PWD/testing:$PYTHONPATH"
 
 echo "== engine on one GPU ==" >"$OUT/engine.txt"
-timeout "$(left 150)" $PY tools/gpu_engine_check.py --json "$OUT/engine.json" >>"$OUT/engine.txt" 2>&1
+timeout "$(left 150)" $PY tools/gpu/gpu_engine_check.py --json "$OUT/engine.json" >>"$OUT/engine.txt" 2>&1
 echo "exit $?" >>"$OUT/engine.txt"
 grep -E "^\||^model|^reference|exit|Error" "$OUT/engine.txt" | cut -c1-400
 
@@ -44,10 +44,10 @@ OUT="$OUT" DS_GPU_CHECK_BUDGET_S=$((BUDGET_S - SECONDS - 120)) bash kernels/gpu_
 
 # ---- ZeRO with CUDA tensors at 2 ranks (gloo on one GPU), then the ZeRO-3 profile: zero.txt ----
 echo "== 2 ranks on one GPU over gloo ==" >"$OUT/zero.txt"
-timeout "$(left 80)" $PY tools/gpu_multirank_check.py >>"$OUT/zero.txt" 2>&1
+timeout "$(left 80)" $PY tools/gpu/gpu_multirank_check.py >>"$OUT/zero.txt" 2>&1
 echo "exit $?" >>"$OUT/zero.txt"
 echo "== where a ZeRO-3 step's time goes ==" >>"$OUT/zero.txt"
-timeout "$(left 60)" $PY tools/profile_zero_gpu.py --out "$OUT/zero_profile.txt" >>"$OUT/zero.txt" 2>&1
+timeout "$(left 60)" $PY tools/gpu/profile_zero_gpu.py --out "$OUT/zero_profile.txt" >>"$OUT/zero.txt" 2>&1
 echo "exit $?" >>"$OUT/zero.txt"
 grep -E "exit|FAIL|differ|Error" "$OUT/zero.txt" | head -20
 echo "gpu_check: ${SECONDS} s"

@@ -7,7 +7,7 @@ end, {"weights": {name: sum}} of ``accelerator.get_state_dict(model)``. ``--save
 The last line rank 0 prints is {"step_seconds": [...]}: its wall time of each step (forward, backward,
 optimizer step, zero_grad; the loss's all-reduce for printing is left out). ``--ddp`` runs Accelerate's
 plain DDP with torch's AdamW, clipping gradients at 1.0 as DeepSpeed does by default (no DeepSpeed plugin;
-the benchmark's baseline, tools/bench_frameworks.py); ``--width``/``--layers`` size the MLP (defaults: the
+the benchmark's baseline, tools/bench/bench_frameworks.py); ``--width``/``--layers`` size the MLP (defaults: the
 tests' tiny one). The data repeats once it runs out.
 Usage:
   DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 accelerate_script.py --stage 2 --out DIR

@@ -1,6 +1,6 @@
 """Run a framework script under torchrun and collect the JSON lines rank 0 prints.
 
-Shared by the tests here and by ``tools/make_framework_fixtures.py`` (which runs the same scripts under
+Shared by the tests here and by ``tools/fixtures/make_framework_fixtures.py`` (which runs the same scripts under
 the real DeepSpeed), so both sides launch identically.
 """
 

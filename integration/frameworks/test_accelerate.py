@@ -1,7 +1,7 @@
 """Accelerate, unmodified, on ds's ``deepspeed`` at 2 ranks (torchrun, gloo, CPU).
 
 Against DeepSpeed 0.19.8's run of the same script (fixtures/accelerate.json, recorded by
-tools/make_framework_fixtures.py): step losses and ``get_state_dict`` weights at ZeRO 0, 2 and 3, and at 3
+tools/fixtures/make_framework_fixtures.py): step losses and ``get_state_dict`` weights at ZeRO 0, 2 and 3, and at 3
 with the parameters and the optimizer on ``nvme`` (ZeRO-Infinity; ds's state is seen written under
 nvme_path; DeepSpeed writes no file for partitions this small, see the fixture tool). Beyond
 DeepSpeed: a 2-rank ZeRO-3 ``save_state`` resumes (``load_state``) identically at 1 and 4 ranks (the global

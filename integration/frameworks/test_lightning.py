@@ -1,6 +1,6 @@
 """Lightning, unmodified, on ds's ``deepspeed`` at 2 ranks through Lightning's own launcher.
 
-Step losses equal DeepSpeed 0.19.8's (fixtures/lightning.json, recorded by tools/make_framework_fixtures.py),
+Step losses equal DeepSpeed 0.19.8's (fixtures/lightning.json, recorded by tools/fixtures/make_framework_fixtures.py),
 also under Lightning's registered ``deepspeed_stage_3_offload_nvme`` (where ds is seen to write the optimizer
 state under nvme_path);
 Lightning checkpoints (ModelCheckpoint, ``trainer.save_checkpoint``) resume to the same losses as an
@@ -80,7 +80,7 @@ def assert_optimizer_state_on_disk(nvme_path: Path, ranks: int) -> None:
     under nvme_path. The parameters stay in memory: Lightning's defaults keep up to ``max_in_cpu`` 1e9
     elements there, and the default ``stage3_param_persistence_threshold`` (1e5) leaves this model's small
     parameters whole on every rank. DeepSpeed itself wrote no file for this model (it swaps only tensors of
-    1 MiB and more; tools/make_framework_fixtures.py), so the fixture holds its losses, not its I/O."""
+    1 MiB and more; tools/fixtures/make_framework_fixtures.py), so the fixture holds its losses, not its I/O."""
     import importlib.util
 
     from launch import swap_files

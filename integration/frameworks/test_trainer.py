@@ -2,7 +2,7 @@
 ``deepspeed`` command; gloo, CPU).
 
 Against DeepSpeed 0.19.8's run of the same script (fixtures/trainer.json, recorded by
-tools/make_framework_fixtures.py): step losses at ZeRO 0, 2 (with the optimizer offloaded to the CPU, which
+tools/fixtures/make_framework_fixtures.py): step losses at ZeRO 0, 2 (with the optimizer offloaded to the CPU, which
 builds DeepSpeed's CPU Adam as DeepSpeed does) and 3; at ZeRO 3 the weights ``save_model`` writes; ZeRO 3 with
 the parameters and the optimizer on ``nvme`` (ZeRO-Infinity), whose state ds is seen to write under nvme_path. Beyond DeepSpeed: a 2-rank checkpoint resumes identically at 2, 1 and 4 ranks (the global batch
 kept at 4), and the checkpoint files ds writes hold no pickle.

@@ -5,7 +5,7 @@ step on rank 0: {"step": n, "loss": x}; with --save, ``Trainer.save_model`` then
 {"weights": {name: sum}} of the safetensors file it wrote (at ZeRO-3 the 16-bit gather on save). Its last
 line is {"step_seconds": [...]}: rank 0's wall time of each optimizer step (``on_step_begin`` to
 ``on_step_end``: forward, backward, optimizer step). ``--ddp`` trains with the Trainer's own DDP instead of
-DeepSpeed (the benchmark's baseline, tools/bench_frameworks.py; it clips gradients at 1.0 as DeepSpeed
+DeepSpeed (the benchmark's baseline, tools/bench/bench_frameworks.py; it clips gradients at 1.0 as DeepSpeed
 does by default); ``--width``/``--layers`` size the model (defaults: the tests' tiny one). ``--nvme`` (ZeRO-3)
 puts the parameters and the optimizer state on ``nvme`` with ``nvme_path`` ``OUT/nvme`` (ZeRO-Infinity:
 ``max_in_cpu`` 0 and no persistent parameters, so every partition goes to the files). Usage:

@@ -1,4 +1,4 @@
-"""tools/bench_frameworks.py's arithmetic and table on canned numbers (no framework is launched)."""
+"""tools/bench/bench_frameworks.py's arithmetic and table on canned numbers (no framework is launched)."""
 
 import json
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "bench"))
 import bench_frameworks as bf  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""tools/bench_largest_fit.py: the RSS watchdog kills a run over budget, failures are judged alike, and the
+"""tools/bench/bench_largest_fit.py: the RSS watchdog kills a run over budget, failures are judged alike, and the
 climb stops at the first failure (bisecting once when asked)."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "testing")]
+sys.path[:0] = [str(ROOT / "tools" / "bench"), str(ROOT / "testing")]
 from _rank_watchdog import GIB, run_watched  # noqa: E402
 
 PY = sys.executable
@@ -76,7 +76,7 @@ def test_the_climb_stops_at_the_first_failure_and_bisects_once(tmp_path: Path) -
     rank) do not; --bisect then tries 12 layers once. Real ranks, real training steps."""
     pytest.importorskip("torch", reason="the ranks train: this runs in the integration session")
     out = tmp_path / "fit.json"
-    cmd = [PY, str(ROOT / "tools" / "bench_largest_fit.py"), "--impls", "ddp", "--world", "2", "--width", "512",
+    cmd = [PY, str(ROOT / "tools" / "bench" / "bench_largest_fit.py"), "--impls", "ddp", "--world", "2", "--width", "512",
            "--heads", "8", "--vocab", "1000", "--seq", "16", "--layers", "1,24,48", "--budget-gib", "1.6",
            "--bisect", "--json", str(out)]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=580)

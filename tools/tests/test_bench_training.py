@@ -1,4 +1,4 @@
-"""tools/bench_training.py measures memory from live storages (never from its formula) and times real steps."""
+"""tools/bench/bench_training.py measures memory from live storages (never from its formula) and times real steps."""
 
 import sys
 from pathlib import Path
@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="the benchmark's tests run in the integration session")
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools"), str(ROOT / "testing")]
+sys.path[:0] = [str(ROOT / "tools" / "bench"), str(ROOT / "testing")]
 import _bench_memory  # noqa: E402
 import bench_training  # noqa: E402
 from _bench_cases import MODELS, combine_ranks, run_case  # noqa: E402

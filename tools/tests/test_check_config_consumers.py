@@ -1,4 +1,4 @@
-"""tools/check_config_consumers.py: every DSConfig leaf has a consumer or a NO_EFFECT reason."""
+"""tools/checks/check_config_consumers.py: every DSConfig leaf has a consumer or a NO_EFFECT reason."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "checks"))
 import check_config_consumers  # noqa: E402
 
 

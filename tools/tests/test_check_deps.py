@@ -1,4 +1,4 @@
-"""tools/check_deps.py passes on the repository and catches each kind of violation in a copy."""
+"""tools/checks/check_deps.py passes on the repository and catches each kind of violation in a copy."""
 
 import shutil
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "checks"))
 import check_deps  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""tools/check_import_cycles.py passes on the repository and names a circle in a tiny package."""
+"""tools/checks/check_import_cycles.py passes on the repository and names a circle in a tiny package."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "tools" / "checks"))
 import check_import_cycles  # noqa: E402
 
 
@@ -49,7 +49,7 @@ def test_module_level_circle_is_named(tmp_path: Path):
     assert "ds_tiny: import circle ds_tiny._a" in problems[0]
     assert "_a.py:1" in problems[0] and "_b.py:2" in problems[0] and "-> ds_tiny._b" in problems[0]
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tools/check_import_cycles.py"), str(root)],
+        [sys.executable, str(ROOT / "tools/checks/check_import_cycles.py"), str(root)],
         capture_output=True,
         text=True,
     )

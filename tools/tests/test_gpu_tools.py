@@ -13,15 +13,13 @@ import pytest
 pytest.importorskip("torch", reason="the GPU tools' tests run in the integration session")
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "tools")]
+sys.path[:0] = [str(ROOT / "tools" / "gpu"), str(ROOT / "tools" / "bench")]
 import gpu_multirank_check  # noqa: E402
 
 
 def _run(tmp_path: Path, *argv: str) -> subprocess.CompletedProcess:
     src = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([*src, str(ROOT / "tools"), os.environ.get("PYTHONPATH", "")])
-    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*src, os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(
         [sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=400
     )
@@ -33,7 +31,7 @@ def test_engine_check_runs_fsdp2_beside_ds_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "e.json"
     cases = "stage 3 bf16,FSDP2 fp32,FSDP2 bf16"
     argv = ["--device", "cpu", "--model", "tiny", "--steps", "1", "--warmup", "1", "--cases", cases]
-    proc = _run(tmp_path, str(ROOT / "tools/gpu_engine_check.py"), *argv, "--json", str(out))
+    proc = _run(tmp_path, str(ROOT / "tools/gpu/gpu_engine_check.py"), *argv, "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
     assert rows["FSDP2 fp32"]["max_rel_loss_diff_vs_reference"] < 1e-6
@@ -46,7 +44,13 @@ def test_profile_writes_phases_ops_and_python_tables(tmp_path: Path) -> None:
     out = tmp_path / "p.txt"
     argv = ["--device", "cpu", "--model", "tiny", "--steps", "1", "--warmup", "1", "--rows", "5"]
     proc = _run(
-        tmp_path, str(ROOT / "tools/profile_zero_gpu.py"), *argv, "--cases", "stage 3 bf16", "--out", str(out)
+        tmp_path,
+        str(ROOT / "tools/gpu/profile_zero_gpu.py"),
+        *argv,
+        "--cases",
+        "stage 3 bf16",
+        "--out",
+        str(out),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = out.read_text()
@@ -66,7 +70,7 @@ def test_multirank_check_runs_two_ranks_and_compares(tmp_path: Path) -> None:
     """Both sides on CPU: two ranks train on different batches (their losses differ) and match exactly."""
     out = tmp_path / "m.json"
     argv = ["--device", "cpu", "--model", "tiny", "--steps", "2", "--cases", "gloo isend/irecv,stage 2 fp32"]
-    proc = _run(tmp_path, str(ROOT / "tools/gpu_multirank_check.py"), *argv, "--json", str(out))
+    proc = _run(tmp_path, str(ROOT / "tools/gpu/gpu_multirank_check.py"), *argv, "--json", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {r["case"]: r for r in json.loads(out.read_text())["rows"]}
     assert all(r["ok"] for r in rows.values())

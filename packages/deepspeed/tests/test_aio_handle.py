@@ -1,6 +1,6 @@
 """``AsyncIOBuilder().load().aio_handle`` on real files returns what DeepSpeed 0.19.8's compiled op returns.
 
-The same calls (tools/make_deepspeed_aio_fixtures.py's ``CASES``) were run on DeepSpeed's op and recorded
+The same calls (tools/fixtures/make_deepspeed_aio_fixtures.py's ``CASES``) were run on DeepSpeed's op and recorded
 (fixtures/deepspeed_aio_handle.json); here they run on ds's (``ds_engine.ops.aio``, over ds's thread pool
 of ``preadv``/``pwritev``). Where DeepSpeed aborted the process (a failed C++ assertion), ds raises at
 that call instead; where DeepSpeed wrote nothing without saying so (an unaligned size), ds writes.
@@ -19,7 +19,9 @@ from deepspeed.ops.op_builder import AsyncIOBuilder as BuilderFromOpBuilder
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_aio_handle.json").read_text())
-_spec = importlib.util.spec_from_file_location("aio_rec", ROOT / "tools/make_deepspeed_aio_fixtures.py")
+_spec = importlib.util.spec_from_file_location(
+    "aio_rec", ROOT / "tools/fixtures/make_deepspeed_aio_fixtures.py"
+)
 REC = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(REC)
 

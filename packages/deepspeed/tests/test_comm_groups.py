@@ -1,6 +1,6 @@
 """``deepspeed.comm``, ``deepspeed.utils.groups``, ``deepspeed.accelerator`` and three engine methods at 2 real
 gloo ranks, against what DeepSpeed 0.19.8 did in the same sequence (fixtures/deepspeed_comm_groups.json,
-tools/make_deepspeed_comm_groups_fixtures.py).
+tools/fixtures/make_deepspeed_comm_groups_fixtures.py).
 
 One launch runs every check on both ranks (the rank function returns what it saw; the asserts run here).
 Where ds differs from the record on purpose, the test says why.
@@ -22,7 +22,7 @@ from rank_testing import spawn
 ROOT = Path(__file__).resolve().parents[3]
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_comm_groups.json").read_text())
 _spec = importlib.util.spec_from_file_location(
-    "comm_groups_rec", ROOT / "tools/make_deepspeed_comm_groups_fixtures.py"
+    "comm_groups_rec", ROOT / "tools/fixtures/make_deepspeed_comm_groups_fixtures.py"
 )
 REC = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(REC)

@@ -1,8 +1,8 @@
 """DeepSpeedConfig and its section models, read as code reads them, against DeepSpeed 0.19.8's record.
 
 The record is ``fixtures/deepspeed_config_objects.json``, written by
-``env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/make_deepspeed_behaviour_fixtures.py``
-(``tools/_record_deepspeed_surface.py`` holds the configs). Every value DeepSpeed has must be ds's too,
+``env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/fixtures/make_deepspeed_behaviour_fixtures.py``
+(``tools/fixtures/_record_deepspeed_surface.py`` holds the configs). Every value DeepSpeed has must be ds's too,
 except the differences listed in ``DIFFERENCES`` with their reason; each listed difference must really be
 one, so the list cannot go stale.
 """
@@ -20,7 +20,7 @@ from deepspeed.runtime.zero.config import DeepSpeedZeroConfig, get_zero_config
 from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
 from ds_config import ConfigError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools" / "fixtures"))
 import _record_deepspeed_surface as surface  # noqa: E402 - the same configs DeepSpeed read
 
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_config_objects.json").read_text())

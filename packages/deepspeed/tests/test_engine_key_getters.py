@@ -1,6 +1,6 @@
 """DeepSpeed's per-key engine getters on ds's engine return what DeepSpeed 0.19.8's return.
 
-The values are recorded from DeepSpeed by tools/make_deepspeed_getter_fixtures.py on the same configs
+The values are recorded from DeepSpeed by tools/fixtures/make_deepspeed_getter_fixtures.py on the same configs
 (fixtures/deepspeed_engine_getters.json); ds's engine is built here with ``deepspeed.initialize`` on each.
 """
 
@@ -16,7 +16,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_engine_getters.json").read_text())
-_spec = importlib.util.spec_from_file_location("getter_rec", ROOT / "tools/make_deepspeed_getter_fixtures.py")
+_spec = importlib.util.spec_from_file_location(
+    "getter_rec", ROOT / "tools/fixtures/make_deepspeed_getter_fixtures.py"
+)
 REC = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(REC)
 

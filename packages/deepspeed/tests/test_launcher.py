@@ -1,4 +1,4 @@
-"""``deepspeed.launcher`` against DeepSpeed 0.19.8's record (tools/make_deepspeed_launcher_fixtures.py).
+"""``deepspeed.launcher`` against DeepSpeed 0.19.8's record (tools/fixtures/make_deepspeed_launcher_fixtures.py).
 
 Results must be equal; an error must be of DeepSpeed's class (ds's HostfileError is a ValueError) and its
 message must start with DeepSpeed's (ds adds where: the hostfile line, the spec). ``DIFFERENCES`` lists the

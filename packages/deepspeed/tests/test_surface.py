@@ -1,8 +1,8 @@
 """DeepSpeed 0.19.8's public surface against ds's ``deepspeed``, and the behaviour behind the names filled for it.
 
-The record is ``fixtures/deepspeed_0.19.8_surface.json`` (``tools/record_deepspeed_surface.py``, run with the
-real DeepSpeed); the check is ``tools/check_deepspeed_surface.py`` with its table
-``tools/deepspeed_surface_table.py``; docs/deepspeed-api.md is generated from both.
+The record is ``fixtures/deepspeed_0.19.8_surface.json`` (``tools/fixtures/record_deepspeed_surface.py``, run with the
+real DeepSpeed); the check is ``tools/checks/check_deepspeed_surface.py`` with its table
+``tools/checks/deepspeed_surface_table.py``; docs/deepspeed-api.md is generated from both.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ BEHAVIOUR = RECORD["behaviour"]
 
 
 def _tool():
-    path = REPO / "tools/check_deepspeed_surface.py"
+    path = REPO / "tools/checks/check_deepspeed_surface.py"
     if not path.exists():
         pytest.skip("needs the monorepo checkout (tools/)")
     spec = importlib.util.spec_from_file_location("check_deepspeed_surface", path)

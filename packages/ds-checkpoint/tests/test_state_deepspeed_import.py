@@ -1,4 +1,4 @@
-"""Import checkpoints written by the real deepspeed 0.19.8 (fixtures from tools/make_deepspeed_fixtures.py)."""
+"""Import checkpoints written by the real deepspeed 0.19.8 (fixtures from tools/fixtures/make_deepspeed_fixtures.py)."""
 
 from __future__ import annotations
 

@@ -53,10 +53,10 @@ def test_module_entry_point():
 
 
 @pytest.mark.skipif(
-    not (REPO / "tools" / "gen_config_reference.py").exists(), reason="needs the monorepo checkout"
+    not (REPO / "tools" / "checks" / "gen_config_reference.py").exists(), reason="needs the monorepo checkout"
 )
 def test_generated_reference_is_up_to_date():
-    result = subprocess.run([sys.executable, str(REPO / "tools" / "gen_config_reference.py"), "--check"],
+    result = subprocess.run([sys.executable, str(REPO / "tools" / "checks" / "gen_config_reference.py"), "--check"],
                             capture_output=True, text=True, timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
 

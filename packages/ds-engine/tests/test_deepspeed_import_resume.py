@@ -1,6 +1,6 @@
 """A ds engine resumed from an imported DeepSpeed ZeRO-3 checkpoint continues as DeepSpeed itself continued.
 
-The fixtures (packages/ds-checkpoint/tests/fixtures/zero3_*, from tools/make_deepspeed_fixtures.py) hold
+The fixtures (packages/ds-checkpoint/tests/fixtures/zero3_*, from tools/fixtures/make_deepspeed_fixtures.py) hold
 a checkpoint the real deepspeed 0.19.8 saved after 3 steps on 2 ranks, and the losses of the 3 steps it
 took next. Here the checkpoint is imported and converted, a ds engine at 1 or 2 ranks and ZeRO stage 2
 or 3 loads it and takes the same 3 steps on the same global batches.
@@ -18,11 +18,11 @@ from rank_testing import spawn
 
 FIXTURES = Path(__file__).resolve().parents[2] / "ds-checkpoint" / "tests" / "fixtures"
 GLOBAL_BATCH = 8  # 2 DeepSpeed ranks x micro batch 4
-RESUME_SEED = 7  # tools/make_deepspeed_fixtures.py
+RESUME_SEED = 7  # tools/fixtures/make_deepspeed_fixtures.py
 
 
 def _model(dtype: str) -> torch.nn.Module:
-    """The fixture's stage-3 model (tools/make_deepspeed_fixtures.py); its weights come from the checkpoint."""
+    """The fixture's stage-3 model (tools/fixtures/make_deepspeed_fixtures.py); its weights come from the checkpoint."""
     norm = torch.nn.LayerNorm(3) if dtype == "bf16" else torch.nn.BatchNorm1d(3)
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 3), norm, torch.nn.ReLU(), torch.nn.Linear(3, 3), torch.nn.Tanh(),

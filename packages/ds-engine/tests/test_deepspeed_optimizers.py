@@ -1,6 +1,6 @@
 """The optimizers DeepSpeed's config builds, and DeepSpeedCPUAdam's extras, against DeepSpeed 0.19.8's record.
 
-The record is ``fixtures/deepspeed_behaviour.json`` (``tools/make_deepspeed_behaviour_fixtures.py``).
+The record is ``fixtures/deepspeed_behaviour.json`` (``tools/fixtures/make_deepspeed_behaviour_fixtures.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Two real gloo ranks: ``step()`` refuses gradients that no ``engine.backward(loss)`` produced (a direct
 ``loss.backward()``), at ZeRO 0-3, where stepping would apply each rank's own, unaveraged gradients and the
 ranks' weights would silently diverge. DeepSpeed 0.19.8 (recorded by
-tools/make_deepspeed_manual_backward_fixtures.py) refuses that backward at ZeRO 0 and reduces it at 1-3;
+tools/fixtures/make_deepspeed_manual_backward_fixtures.py) refuses that backward at ZeRO 0 and reduces it at 1-3;
 ds raises at every stage. The legitimate paths (accumulation, no_sync, no gradients at all, unused
 parameters, another backward's gradients cleared, activation checkpointing) still step. The ranks run in test_dropin_ranks.py's launch (the ``ranks`` fixture, conftest.py)."""
 

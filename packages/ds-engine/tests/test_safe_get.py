@@ -1,6 +1,6 @@
 """``deepspeed.utils.safe_get_*`` / ``safe_set_*`` at ZeRO 0-3 on two real gloo ranks.
 
-Each stage runs the sequence of ``tools/make_safe_get_fixtures.py`` (init, backward, step, set the fp32
+Each stage runs the sequence of ``tools/fixtures/make_safe_get_fixtures.py`` (init, backward, step, set the fp32
 weights and Adam's state of one parameter, backward, set its gradient, step) and reads every getter at
 each point. The values are checked against plain torch (AdamW on the gradients averaged by hand) and
 against what DeepSpeed 0.19.8 returned for the same sequence (``fixtures/deepspeed_safe_get.json``):
@@ -34,7 +34,7 @@ STATE_GETTERS = (("fp32", "full_fp32_param"), ("exp_avg", "exp_avg"), ("exp_avg_
 GETTERS = ("full_grad", "full_fp32_param", "exp_avg", "exp_avg_sq", "local_fp32_param", "local_grad")
 
 
-# the model, data and set values of tools/make_safe_get_fixtures.py (the fixture was recorded with these)
+# the model, data and set values of tools/fixtures/make_safe_get_fixtures.py (the fixture was recorded with these)
 def build_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))

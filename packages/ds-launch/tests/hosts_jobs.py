@@ -12,7 +12,7 @@ from hosts import Cluster, require_hosts
 from launch_procs import SCRIPTS, mpi_env
 
 SCRIPT = SCRIPTS / "hosts_rank.py"
-# the goal is 60 s with the default timeouts (tools/bench_multihost.py measures it); this is a bound
+# the goal is 60 s with the default timeouts (tools/bench/bench_multihost.py measures it); this is a bound
 FAULT_BOUND_S = 90.0
 # shortened monitor timeouts: what is tested is that they end the job, not their defaults' length
 MONITOR = ["--heartbeat_timeout", "8", "--stall_timeout", "15"]

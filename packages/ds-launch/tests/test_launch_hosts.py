@@ -3,7 +3,7 @@ agent, each host with its own hostname, network stack, /dev/shm and /tmp.
 
 One 2 x 2 job per case: ranks find their place and train where the hosts' names resolve nowhere, and each
 fault (a host lost, a rank that raises; a partition and a hang in test_launch_hosts_silence.py) ends the job
-non-zero, soon, with a report that names the host and its ranks. The 60 s goal is measured by tools/bench_multihost.py; here the bound is
+non-zero, soon, with a report that names the host and its ranks. The 60 s goal is measured by tools/bench/bench_multihost.py; here the bound is
 generous (a loaded CI machine), and the monitor's timeouts are shortened so that each case takes seconds.
 """
 

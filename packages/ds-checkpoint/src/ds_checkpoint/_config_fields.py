@@ -1,4 +1,4 @@
-"""The DSConfig keys ds_checkpoint's code reads (tools/check_config_consumers.py reads this by AST).
+"""The DSConfig keys ds_checkpoint's code reads (tools/checks/check_config_consumers.py reads this by AST).
 
 ``checkpoint.tag_validation`` is read by the engine and handed to ``save_state(tag_validation=...)``.
 """

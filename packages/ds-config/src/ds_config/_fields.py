@@ -2,7 +2,7 @@
 
 A leaf is a field whose value is not itself a section model: ``fp16.loss_scale``, ``optimizer.params``,
 ``sparse_attention.block``. Every leaf must be read by some package (its ``CONFIG_FIELDS`` tuple says
-so; ``tools/check_config_consumers.py`` checks it) or appear in :data:`NO_EFFECT` with the reason.
+so; ``tools/checks/check_config_consumers.py`` checks it) or appear in :data:`NO_EFFECT` with the reason.
 """
 
 from __future__ import annotations

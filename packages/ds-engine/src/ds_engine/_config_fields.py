@@ -1,4 +1,4 @@
-"""The DSConfig keys ds_engine's own code reads (tools/check_config_consumers.py reads this by AST).
+"""The DSConfig keys ds_engine's own code reads (tools/checks/check_config_consumers.py reads this by AST).
 
 The engine reads the keys that choose what to assemble and the loop's own keys; every other key is read
 by the package the engine hands its section to (each declares its own CONFIG_FIELDS).

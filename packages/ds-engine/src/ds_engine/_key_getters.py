@@ -2,7 +2,7 @@
 
 Each reads one value of ds-config's typed model under DeepSpeed 0.19.8's method name and returns what
 DeepSpeed's returns (compared in packages/deepspeed/tests/test_engine_key_getters.py with values recorded
-from DeepSpeed by tools/make_deepspeed_behaviour_fixtures.py). Only reads, except
+from DeepSpeed by tools/fixtures/make_deepspeed_behaviour_fixtures.py). Only reads, except
 ``set_train_micro_batch_size``.
 """
 

@@ -2,7 +2,7 @@
 
 A script that merely imports ``deepspeed.pipe`` or ``deepspeed.moe`` (many do, unconditionally) keeps
 working; the first call to one of these names raises :class:`FeatureNotAvailableError`. Each such name
-carries ``__ds_missing__`` (the feature), which ``tools/check_deepspeed_surface.py`` reads and then checks
+carries ``__ds_missing__`` (the feature), which ``tools/checks/check_deepspeed_surface.py`` reads and then checks
 by calling the name.
 """
 

@@ -1,4 +1,4 @@
-"""The DSConfig keys ds_optim's code reads (tools/check_config_consumers.py reads this by AST).
+"""The DSConfig keys ds_optim's code reads (tools/checks/check_config_consumers.py reads this by AST).
 
 Whether ZeRO offload turns Adam into CPUAdam is the engine's decision (it passes ``cpu_offload``).
 """

@@ -1,4 +1,4 @@
-"""The DSConfig keys ds_precision's code reads (tools/check_config_consumers.py reads this by AST).
+"""The DSConfig keys ds_precision's code reads (tools/checks/check_config_consumers.py reads this by AST).
 
 ``fp16.enabled``, ``bf16.*`` and ``amp.enabled`` are the engine's: they choose whether these are built.
 """

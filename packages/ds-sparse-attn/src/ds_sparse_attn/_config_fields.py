@@ -1,4 +1,4 @@
-"""The DSConfig keys ds_sparse_attn's code reads (tools/check_config_consumers.py reads this by AST).
+"""The DSConfig keys ds_sparse_attn's code reads (tools/checks/check_config_consumers.py reads this by AST).
 
 ``sparse_attention.mode`` selects the section model itself (ds_config's discriminated union), so
 ``from_config`` dispatches on the model's class.

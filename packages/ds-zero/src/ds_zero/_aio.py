@@ -1,6 +1,6 @@
 """Asynchronous file I/O for NVMe offload: a thread pool over ``os.preadv`` / ``os.pwritev``.
 
-Chosen by measurement (``tools/bench_nvme_io.py``, docs/benchmarks.md "NVMe offload: the I/O layer"):
+Chosen by measurement (``tools/bench/bench_nvme_io.py``, docs/benchmarks.md "NVMe offload: the I/O layer"):
 ``preadv``/``pwritev`` release the GIL, so a few worker threads keep the disk busy while Python computes;
 with ``O_DIRECT`` (used for every request whose buffer address, file offset and length are aligned to
 ``ALIGN``; the swap layouts keep them so) the bytes bypass the page cache, so swapped state does not come

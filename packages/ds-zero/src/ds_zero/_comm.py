@@ -91,7 +91,7 @@ def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
 
 
 # The one place that chooses ZeRO's collectives per backend: backend -> (world size, bucket bytes) ->
-# method. Measured with tools/bench_zero_collectives.py (gloo, fp32, quiet, two runs; figures in
+# method. Measured with tools/bench/bench_zero_collectives.py (gloo, fp32, quiet, two runs; figures in
 # docs/benchmarks/ds-zero.md):
 # - all-gather semantics: one async broadcast per owner beat all_gather, all_gather_into_tensor and an
 #   all_reduce of a -0.0-filled buffer at 4-64 MiB at 2 and 4 ranks (53 MiB: 24.5 and 26.2 ms against

@@ -3,7 +3,7 @@ single-node jobs). "One host" is what the ranks report (hostname and boot id, ``
 inferred from a file they can all open.
 
 gloo moves a same-host tensor through TCP loopback; here every rank maps one file in ``/dev/shm`` and
-the data crosses memory once each way. Measured on this 2-core machine (tools/bench_zero_mpi.py,
+the data crosses memory once each way. Measured on this 2-core machine (tools/bench/bench_zero_mpi.py,
 docs/benchmarks/ds-zero.md), it is several times faster than gloo at 4 ranks.
 
 Layout of the mapping: a header (rank 0's token, every rank's pid), one 64-byte flag per rank, then two

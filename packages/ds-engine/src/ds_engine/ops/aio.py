@@ -3,7 +3,7 @@
 DeepSpeed compiles a C++ op over libaio; ``load()`` returns a module with ``aio_handle``, ``aio_read``,
 ``aio_write`` and ``deepspeed_memcpy``. ds gives the same names and return values over its thread pool of
 ``os.preadv``/``os.pwritev`` (O_DIRECT where aligned), compared with DeepSpeed 0.19.8 on real files
-(tools/make_deepspeed_aio_fixtures.py). Where DeepSpeed fails silently or aborts the process, ds raises:
+(tools/fixtures/make_deepspeed_aio_fixtures.py). Where DeepSpeed fails silently or aborts the process, ds raises:
 
 * a write whose size is not a multiple of 512 bytes: DeepSpeed returns 1 and leaves the file empty (its
   O_DIRECT write fails unseen); ds writes the bytes (through the buffered descriptor).

@@ -5,7 +5,7 @@ from its heap, and keeps freed heap mapped for reuse: freed memory stays in the 
 frees a lot at two points, and what it frees there is not what it allocates next, so the heap would
 only grow: when the optimizer takes over a model built inside ``zero.Init`` (every construction chunk
 and the whole-parameter temporaries of the move into the flat partitions: ~2.5 bytes of resident heap
-per partition byte measured with ``tools/trace_stage3_rss.py``), and after each step (the gathered
+per partition byte measured with ``tools/bench/trace_stage3_rss.py``), and after each step (the gathered
 weights, full gradients, reduction buckets and optimizer temporaries of the step, of many sizes and
 lifetimes). ``malloc_trim(0)`` there hands the free pages back (``madvise``), so the next step's peak
 starts from the live set instead of the last step's heap. It costs the page faults of memory reused
@@ -20,7 +20,7 @@ loaded machine). A model whose step frees more is trimmed every step, as before.
 
 With the optimizer on NVMe the step streams hundreds of sub-groups, each with its own temporaries (the
 fp32 gradient, the update's), 16 MiB apiece, and the heap grew by them through the step until the trim
-at its end: ~8 bytes per parameter above the live set at 0.28B parameters (``tools/bench_largest_fit.py``
+at its end: ~8 bytes per parameter above the live set at 0.28B parameters (``tools/bench/bench_largest_fit.py``
 and a sampler of the step's RSS, issue 36), which at 3B would pass the machine's memory. So there the
 engine fixes glibc's mmap threshold at ``STREAMED_MMAP_THRESHOLD`` (``fix_mmap_threshold``): every block
 of that size or more is mapped for itself and unmapped when freed, whatever was freed before; the cost

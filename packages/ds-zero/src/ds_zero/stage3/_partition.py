@@ -9,7 +9,7 @@ same one, the slot's ``home``, whose *storage* is freed on release (resized to 0
 again by the next gather. Autograd saves views of a weight for backward (``nn.Linear`` saves
 ``weight.t()``); with a fresh tensor per gather, each saved view kept its forward's copy alive until
 backward, so every weight the forward used stayed whole through the forward (the whole model, measured:
-``tools/trace_stage3_rss.py``). A saved view of the home shares its storage, so freeing the storage frees
+``tools/bench/trace_stage3_rss.py``). A saved view of the home shares its storage, so freeing the storage frees
 it, and backward's re-gather refills it.
 
 A gather is coalesced: the parameters a fetch, a prefetch or the refresh after a step makes whole travel in
