@@ -23,6 +23,7 @@ __all__ = [
     "LossScaledStep",
     "gather_partitions",
     "global_norm_sq",
+    "norm_of",
     "partition_norm_sq",
     "unscale_factor",
 ]
@@ -200,11 +201,12 @@ def _sum_sq(
     """float64 sum of squares of the counted ranges (plus ``0 *`` that of the uncounted elements)."""
     counted: list[torch.Tensor] = []
     rest: list[torch.Tensor] = []
+    scratch: dict[torch.dtype, torch.Tensor] = {}
     for t, ranges in parts:
         flat = t.reshape(-1) if isinstance(t, torch.Tensor) else t
-        counted += _piece_norms(flat, ranges if ranges is not None else [(0, flat.numel())], dtype)
+        counted += _piece_norms(flat, ranges if ranges is not None else [(0, flat.numel())], dtype, scratch)
         if ranges is not None:  # the replicas' overflow rides along at the cost of one read
-            rest += _piece_norms(flat, [(0, flat.numel())], dtype)
+            rest += _piece_norms(flat, [(0, flat.numel())], dtype, scratch)
     sq = torch.zeros((), dtype=torch.float64, device=device)
     if counted:
         sq += torch.stack(counted).to(device, torch.float64).square().sum()
@@ -213,16 +215,37 @@ def _sum_sq(
     return sq
 
 
-def _piece_norms(flat, ranges: Sequence[tuple[int, int]], dtype: torch.dtype) -> list[torch.Tensor]:
+def _piece_norms(
+    flat, ranges: Sequence[tuple[int, int]], dtype: torch.dtype, scratch: dict[torch.dtype, torch.Tensor]
+) -> list[torch.Tensor]:
     if not isinstance(
         flat, torch.Tensor
     ):  # a gradient in a file (stage 3's ``GradFile``): read piece by piece
         return flat.piece_norms(ranges, dtype, NORM_CHUNK)
     return [
-        torch.linalg.vector_norm(flat[c : min(hi, c + NORM_CHUNK)], dtype=dtype)
+        norm_of(flat[c : min(hi, c + NORM_CHUNK)], dtype, scratch)
         for lo, hi in ranges
         for c in range(lo, hi, NORM_CHUNK)
     ]
+
+
+def norm_of(
+    piece: torch.Tensor, dtype: torch.dtype, scratch: dict[torch.dtype, torch.Tensor]
+) -> torch.Tensor:
+    """``vector_norm(piece, dtype=dtype)`` bit for bit, the cast made into a buffer of ``scratch`` reused
+    from one piece to the next. ``vector_norm``'s own cast allocates a piece-sized tensor per call; on the
+    CPU a block that size is often a fresh ``mmap`` (always with the NVMe step's fixed threshold, see
+    ``stage3/_heap``), and its page faults cost several times the norm itself (measured: 6.5 against 0.6
+    ns per bf16 element, docs/benchmarks.md "NVMe step: allocations in the hot loop")."""
+    if piece.dtype == dtype:
+        return torch.linalg.vector_norm(piece)
+    buf = scratch.get(dtype)
+    n = piece.numel()
+    if buf is None or buf.numel() < n or buf.device != piece.device:
+        buf = scratch[dtype] = torch.empty(max(n, NORM_CHUNK), dtype=dtype, device=piece.device)
+    cast = buf[:n]
+    cast.copy_(piece.reshape(-1))
+    return torch.linalg.vector_norm(cast)
 
 
 def _all_finite(t) -> bool:

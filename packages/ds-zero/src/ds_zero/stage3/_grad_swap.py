@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from .._step import norm_of
 from ._grad_parts import mark_written, split_written
 from ._swap import NvmeSpaceError, SwapFolder
 
@@ -206,11 +207,20 @@ class GradSwap:
     def _stage(self, g: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A staging buffer for ``[lo, hi)`` whose byte 0 sits at an ``ALIGN`` boundary of the file."""
         es = self.dtypes[g].itemsize
-        pad = lo * es % ALIGN
-        buf = aligned_empty(pad + (hi - lo) * es)
+        buf = self._stage_buffer(lo * es % ALIGN + (hi - lo) * es)
+        return buf, self._target(buf, g, lo, hi)
+
+    def _stage_buffer(self, nbytes: int) -> torch.Tensor:
+        buf = aligned_empty(nbytes)
         self.staged_bytes += buf.numel()
         self.peak_staged_bytes = max(self.peak_staged_bytes, self.staged_bytes)
-        return buf, buf[pad : pad + (hi - lo) * es].view(self.dtypes[g])
+        return buf
+
+    def _target(self, buf: torch.Tensor, g: int, lo: int, hi: int) -> torch.Tensor:
+        """Elements ``[lo, hi)`` in a staging buffer (staged for a range starting at ``lo``)."""
+        es = self.dtypes[g].itemsize
+        pad = lo * es % ALIGN
+        return buf[pad : pad + (hi - lo) * es].view(self.dtypes[g])
 
     def _unstage(self, buf: torch.Tensor) -> None:
         self.staged_bytes -= buf.numel()
@@ -278,34 +288,41 @@ class GradFile:
         return self.swap.numels[self.group]
 
     def _pieces(self, bounds: list[tuple[int, int]]) -> Iterator[torch.Tensor]:
-        """Each ``[a, b)`` read from the file in turn, the next one's read in flight meanwhile."""
+        """Each ``[a, b)`` read from the file in turn, the next one's read in flight meanwhile, through two
+        staging buffers allocated once for the pass (one per piece would fault in fresh pages each time)."""
         swap, g = self.swap, self.group
-        ahead: list[tuple[torch.Tensor, torch.Tensor, list[IOHandle]]] = []
+        if not bounds:
+            return
+        es = swap.dtypes[g].itemsize
+        size = max(b - a for a, b in bounds) * es + ALIGN
+        bufs = [swap._stage_buffer(size) for _ in range(min(2, len(bounds)))]
+        ahead: list[tuple[torch.Tensor, list[IOHandle]]] = []
         try:
             for i in range(len(bounds) + 1):
                 if i < len(bounds):
                     a, b = bounds[i]
-                    buf, target = swap._stage(g, a, b)
-                    ahead.append((buf, target, swap._transfer(g, buf, a, a, b, False)))
+                    buf = bufs[i % len(bufs)]
+                    ahead.append((swap._target(buf, g, a, b), swap._transfer(g, buf, a, a, b, False)))
                 if i == 0:
                     continue
-                buf, target, handles = ahead[0]
+                target, handles = ahead[0]
                 for h in handles:
                     h.wait()
                 yield target
                 ahead.pop(0)
-                swap._unstage(buf)
-        finally:  # left early (an inf found): the read still in flight is waited for, its buffer let go
-            for buf, _, handles in ahead:
+        finally:  # left early (an inf found): the read still in flight is waited for
+            for _, handles in ahead:
                 for h in handles:
                     h.wait()
+            for buf in bufs:
                 swap._unstage(buf)
 
     def piece_norms(
         self, ranges: Sequence[tuple[int, int]], dtype: torch.dtype, chunk: int
     ) -> list[torch.Tensor]:
         bounds = [(c, min(hi, c + chunk)) for lo, hi in ranges for c in range(lo, hi, chunk)]
-        return [torch.linalg.vector_norm(t, dtype=dtype) for t in self._pieces(bounds)]
+        scratch: dict[torch.dtype, torch.Tensor] = {}
+        return [norm_of(t, dtype, scratch) for t in self._pieces(bounds)]
 
     def all_finite(self, chunk: int) -> bool:
         n = self.numel()

@@ -21,7 +21,7 @@ import torch
 from .._fragments import state_piece
 from .._options import TESTED_OPTIMIZERS
 
-__all__ = ["STEP_PIECE", "SubGroups", "view_size"]
+__all__ = ["STEP_PIECE", "ScaledGrad", "SubGroups", "view_size"]
 
 STEP_PIECE = 1 << 22  # elements per view of an element-wise optimizer (16 MiB in fp32)
 
@@ -32,6 +32,27 @@ def view_size(optimizer: torch.optim.Optimizer, sub_group_size: int) -> int:
         optimizer, "ds_zero_elementwise", False
     )
     return min(sub_group_size, STEP_PIECE) if elementwise else sub_group_size
+
+
+class ScaledGrad:
+    """A view's gradient as the inner optimizer takes it: ``grad * inv_scale`` in fp32, made in one fp32
+    buffer reused from view to view. ``grad.to(torch.float32)`` would allocate a view-sized tensor per view,
+    and on the CPU a block that size is often a fresh ``mmap`` whose page faults cost more than the cast
+    (always with the NVMe step's fixed mmap threshold, ``_heap``). An fp32 gradient on the view's device is
+    scaled where it is, as before (it is not used again). One per step: the buffer goes with it."""
+
+    def __init__(self) -> None:
+        self._buf: torch.Tensor | None = None
+
+    def __call__(self, grad: torch.Tensor, inv_scale: float, device: torch.device) -> torch.Tensor:
+        if grad.dtype == torch.float32 and grad.device == device:
+            return grad.mul_(inv_scale)
+        n = grad.numel()
+        if self._buf is None or self._buf.numel() < n or self._buf.device != device:
+            self._buf = torch.empty(n, dtype=torch.float32, device=device)
+        out = self._buf[:n].view(grad.shape)
+        out.copy_(grad)
+        return out.mul_(inv_scale)
 
 
 class SubGroups:
@@ -51,13 +72,13 @@ class SubGroups:
         self, optimizer: torch.optim.Optimizer, grad_parts: list[torch.Tensor], inv_scale: float
     ) -> None:
         """One optimizer step over every sub-group: ``grad * inv_scale`` in fp32, a sub-group at a time."""
+        scaled = ScaledGrad()
         for views, grad in zip(self.views, grad_parts):
             offset = 0
             for view in views:
-                piece = grad[offset : offset + view.numel()]
-                view.grad = piece.to(view.device, torch.float32).mul_(inv_scale)
+                view.grad = scaled(grad[offset : offset + view.numel()], inv_scale, view.device)
                 optimizer.step()
-                view.grad = None  # the next call skips this sub-group; its fp32 gradient is freed
+                view.grad = None  # the next call skips this sub-group
                 offset += view.numel()
 
     def state_of(self, optimizer: torch.optim.Optimizer, g: int) -> dict[str, object]:

@@ -39,6 +39,7 @@ import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
 from .._errors import ZeroConfigError
+from ._subgroups import ScaledGrad
 from ._swap_folders import hold_marker, remove_vanished_ranks
 
 
@@ -311,6 +312,7 @@ class OptimizerSwap:
         order = self._order()
         reads, self._ahead = self._ahead, {}
         writes: deque = deque()  # (buffer, handle) in issue order
+        scaled = ScaledGrad()
         first = not self.keys and not any(optimizer.state.get(v) for vs in self.views for v in vs)
         for i, (g, k) in enumerate(order):
             if i not in reads:
@@ -339,7 +341,7 @@ class OptimizerSwap:
                 grad = self.grads.region_view(buf[: self._grad_bytes], g, lo, hi)
             else:
                 grad = grads[g][lo:hi]
-            view.grad = grad.to(torch.float32).mul_(inv_scale)
+            view.grad = scaled(grad, inv_scale, view.device)
             t0 = time.perf_counter()
             optimizer.step()
             if self.trace is not None:
