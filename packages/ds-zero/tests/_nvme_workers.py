@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 
 import _stage3_workers as w
@@ -12,6 +11,7 @@ from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from ds_zero.stage3._options import NvmeOptions
 from ds_zero.stage3._swap import NvmeSpaceError
+from rank_testing import live_storage_bytes
 from torch import nn
 
 BASE = Stage3Options(param_persistence_threshold=0, sub_group_size=24)
@@ -221,17 +221,6 @@ def fragments(rank: int, world: int, root: str, nvme: bool) -> dict:
 BIG = 1024  # sixteen 1024 x 1024 layers: a 64 MiB fp32 gradient partition on one rank, 4 MiB per layer
 
 
-def _live_storage_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage alive in this process (observed, not computed)."""
-    gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            st = obj.untyped_storage()
-            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-    return sum(seen.values())
-
-
 def _big(options: Stage3Options):
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(BIG, BIG, bias=False) for _ in range(16)))
@@ -249,12 +238,12 @@ def grads_on_disk(rank: int, world: int, root: str, tiny: str | None) -> dict:
         ("nvme", dataclasses.replace(base, optimizer_nvme=NvmeOptions(_dir(root, "big"), buffer_count=2))),
     ):
         model, zero = _big(options)
-        before = _live_storage_bytes()
+        before = live_storage_bytes()
         grown = []
         for micro in range(2):
             g = torch.Generator().manual_seed(micro)
             zero.backward(model(torch.randn(2, BIG, generator=g)).pow(2).mean())
-            grown.append(_live_storage_bytes() - before)
+            grown.append(live_storage_bytes() - before)
         zero.step()
         run = {"grown": grown, "partition_bytes": zero.params.part_numels[0] * 4}
         if zero.swap is not None:
