@@ -261,3 +261,27 @@ def grads_on_disk(rank: int, world: int, root: str, tiny: str | None) -> dict:
             out["disk_full"] = str(e)
     out["parity"] = grad_parity(rank, world, root)
     return out
+
+
+# ---------------------------------------------------------------------------------- glibc's mmap threshold
+def mmap_threshold(rank: int, world: int, root: str) -> dict:
+    """glibc's mmap threshold as ``_heap`` set it (process-wide: run in a fresh rank process) before any
+    optimizer, after one with its state in memory (CPU offload), after two on nvme; the INFO lines logged."""
+    import logging
+
+    from ds_zero.stage3 import _heap
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("ds_zero")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    out = {"before": _heap.mmap_threshold}
+    w.build(dataclasses.replace(BASE, offload_optimizer=True))
+    out["cpu"] = _heap.mmap_threshold
+    for i in range(2):
+        w.build(_nvme(_dir(root, f"mmap{i}")))
+    out["nvme"] = _heap.mmap_threshold
+    out["logged"] = [line for line in lines if "mmap threshold" in line]
+    return out
