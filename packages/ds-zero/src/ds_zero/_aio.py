@@ -46,6 +46,7 @@ __all__ = [
     "IOStats",
     "aligned_down",
     "aligned_empty",
+    "aligned_spans",
     "aligned_up",
     "pinned",
 ]
@@ -63,6 +64,15 @@ def aligned_up(n: int) -> int:
 def aligned_down(n: int) -> int:
     """``n`` rounded down to a multiple of ``ALIGN``."""
     return n // ALIGN * ALIGN
+
+
+def aligned_spans(start: int, end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut at ``ALIGN`` boundaries: the unaligned head, the aligned middle (a request that
+    can go through ``O_DIRECT`` where the buffer's address is aligned alike) and the unaligned tail, the
+    empty ones left out."""
+    mid0, mid1 = aligned_up(start), aligned_down(end)
+    cuts = [start, end] if mid0 >= mid1 else [start, mid0, mid1, end]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
 
 @dataclass(frozen=True)

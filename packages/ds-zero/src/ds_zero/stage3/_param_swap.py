@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._aio import AsyncFileIO, IOHandle, aligned_empty, aligned_up, pinned
+from .._aio import AsyncFileIO, IOHandle, aligned_empty, aligned_spans, aligned_up, pinned
 from .._errors import ZeroConfigError
 from ._grad_parts import mark_written, split_written
 from ._swap import SwapFolder
@@ -201,20 +201,30 @@ class ParamSwap:
         return buf
 
     def _settle(self, key: Hashable) -> None:
-        """Issue the write of a dirty piece now: the ranges the step has not written yet come from its file."""
+        """Issue the write of a dirty piece now: the ranges the step has not written yet are read from its
+        file straight into the piece's own buffer (no other memory: the buffers stay within buffer_count)."""
         buf, covered = self._dirty.pop(key)
         p = self._pieces[key]
-        old = aligned_empty(aligned_up(p.numel * torch.empty(0, dtype=self.dtypes[p.group]).element_size()))
+        size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
+        path = self.folder.file(self._name(p.group))
         self.reads += 1
-        try:
-            self.io.read(self.folder.file(self._name(p.group)), p.offset, old).wait()
-        except BaseException:
+        handles: list[IOHandle] = []
+        error = None
+        try:  # buf[0] is at the piece's aligned offset: the aligned middles of the ranges go through O_DIRECT
+            for a, b, written in split_written(covered, p.lo, p.hi):
+                if not written:
+                    for x, y in aligned_spans((a - p.lo) * size, (b - p.lo) * size):
+                        handles.append(self.io.read(path, p.offset + x, buf[x:y]))
+        except BaseException as e:
+            error = e
+        for handle in handles:  # every read is done with buf before it is given back
+            try:
+                handle.wait()
+            except BaseException as e:
+                error = error or e
+        if error is not None:
             self._free.append(buf)
-            raise
-        new, old = self._view(buf, p), self._view(old, p)
-        for a, b, written in split_written(covered, p.lo, p.hi):
-            if not written:
-                new[a - p.lo : b - p.lo].copy_(old[a - p.lo : b - p.lo])
+            raise error
         self._writing[key] = (buf, self._write(p, buf))
         self.settled += 1
 
