@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_down, aligned_empty, aligned_up
+from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_down, aligned_empty, aligned_spans, aligned_up
 from ._grad_parts import mark_written, split_written
 from ._swap import NvmeSpaceError, SwapFolder
 
@@ -213,18 +213,15 @@ class GradSwap:
         es = self.dtypes[g].itemsize
         base = aligned_down(lo * es)  # the file offset of buf[0]
         off0, off1 = a * es, b * es
-        mid0, mid1 = aligned_up(off0), aligned_down(off1)
-        cuts = [off0, off1] if mid0 >= mid1 else [off0, mid0, mid1, off1]
         path = self.path(g)
         if write:
             self.bytes_written += off1 - off0
         else:
             self.bytes_read += off1 - off0
         handles = []
-        for x, y in zip(cuts, cuts[1:]):
-            if x < y:
-                piece = buf[x - base : y - base]
-                handles.append(self.io.write(path, x, piece) if write else self.io.read(path, x, piece))
+        for x, y in aligned_spans(off0, off1):
+            piece = buf[x - base : y - base]
+            handles.append(self.io.write(path, x, piece) if write else self.io.read(path, x, piece))
         return handles
 
     def _push(self, p: _Pending) -> None:
