@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import torch
+from launch import offload_to_nvme
 
 GLOBAL_BATCH = 4
 
@@ -65,16 +66,7 @@ def main() -> None:
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.01}},
     }
     if args.nvme:
-        if args.stage != 3:
-            raise SystemExit("--nvme offloads the parameters too: ZeRO stage 3 only")
-        nvme_path = Path(args.out) / "nvme"
-        nvme_path.mkdir(parents=True, exist_ok=True)
-        ds_config["zero_optimization"].update(
-            stage3_param_persistence_threshold=0,
-            offload_param={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4,
-                           "buffer_size": 8192, "max_in_cpu": 0},
-            offload_optimizer={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4},
-        )  # fmt: skip
+        offload_to_nvme(ds_config["zero_optimization"], args.out)
     accelerator = Accelerator(deepspeed_plugin=None if args.ddp else DeepSpeedPlugin(hf_ds_config=ds_config))
     torch.manual_seed(0)
     hidden = []

@@ -1,7 +1,8 @@
 """Run a framework script under torchrun and collect the JSON lines rank 0 prints.
 
 Shared by the tests here and by ``tools/fixtures/make_framework_fixtures.py`` (which runs the same scripts under
-the real DeepSpeed), so both sides launch identically.
+the real DeepSpeed), so both sides launch identically; the scripts import the config pieces they share
+from here (their own folder is first on ``sys.path`` when Python runs them). Standard library only.
 """
 
 from __future__ import annotations
@@ -82,6 +83,22 @@ def swap_files(nvme_path: Path) -> dict[str, dict[str, int]]:
         data = path.read_bytes()
         found[str(path.relative_to(nvme_path))] = {"bytes": len(data), "nonzero": len(data) - data.count(0)}
     return found
+
+
+def offload_to_nvme(zero_optimization: dict, out: str) -> None:
+    """The scripts' ``--nvme`` (ZeRO-Infinity): the parameters and the optimizer state on ``nvme`` under
+    ``out/nvme`` (created), every parameter partitioned (none persists in memory), small swap buffers for the
+    tests' tiny models. Added to ``zero_optimization``, a DeepSpeed config's section, in place."""
+    if zero_optimization["stage"] != 3:
+        raise SystemExit("--nvme offloads the parameters too: ZeRO stage 3 only")
+    nvme_path = Path(out) / "nvme"
+    nvme_path.mkdir(parents=True, exist_ok=True)
+    zero_optimization.update(
+        stage3_param_persistence_threshold=0,
+        offload_param={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4,
+                       "buffer_size": 8192, "max_in_cpu": 0},
+        offload_optimizer={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4},
+    )  # fmt: skip
 
 
 def assert_swapped_to_disk(nvme_path: Path, numel: int, ranks: int) -> None:

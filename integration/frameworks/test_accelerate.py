@@ -66,6 +66,8 @@ def test_losses_match_deepspeed(runs, case):
     records, out = runs(case)
     assert_close(losses(records), FIXTURE["cases"][case]["losses"], f"Accelerate {case}")
     if case == "zero3_nvme":  # ZeRO-Infinity: the same losses, with the state in files under nvme_path
+        # (the losses alone cannot tell: seen failing here, on the files, with ds ignoring offload_param's
+        # nvme and, separately, offload_optimizer's in Stage3Options.from_config)
         numel = next(r["numel"] for r in records if "numel" in r)
         assert_swapped_to_disk(out / "nvme", numel, FIXTURE["cases"][case]["ranks"])
 

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from launch import offload_to_nvme
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
@@ -90,16 +91,7 @@ def main() -> None:
         if args.stage == 3:
             ds_config["zero_optimization"]["offload_param"] = {"device": "cpu"}
     if args.nvme:
-        if args.stage != 3:
-            raise SystemExit("--nvme offloads the parameters too: ZeRO stage 3 only")
-        nvme_path = Path(args.out) / "nvme"
-        nvme_path.mkdir(parents=True, exist_ok=True)
-        ds_config["zero_optimization"].update(
-            stage3_param_persistence_threshold=0,
-            offload_param={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4,
-                           "buffer_size": 8192, "max_in_cpu": 0},
-            offload_optimizer={"device": "nvme", "nvme_path": str(nvme_path), "buffer_count": 4},
-        )  # fmt: skip
+        offload_to_nvme(ds_config["zero_optimization"], args.out)
     training_args = TrainingArguments(
         output_dir=args.out,
         per_device_train_batch_size=args.batch,

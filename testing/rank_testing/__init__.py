@@ -5,5 +5,6 @@ every package's tests, including the per-package nox sessions that install one p
 """
 
 from rank_testing.dist import free_port, spawn
+from rank_testing.memory import live_storage_bytes
 
-__all__ = ["free_port", "spawn"]
+__all__ = ["free_port", "live_storage_bytes", "spawn"]

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import ds_engine
 import torch
-from ds_zero.stage3 import _heap
 
 
 def _model() -> torch.nn.Module:
@@ -122,11 +121,9 @@ def resume_one_rank(rank: int, world: int, root: str) -> dict:
     out["stale_before"] = sorted(os.listdir(stale))
     out["rank_folders_before"] = sorted(os.listdir(os.path.dirname(stale)))
     out["stale_mtimes"] = {n: os.stat(os.path.join(stale, n)).st_mtime_ns for n in out["stale_before"]}
-    out["mmap_threshold_before"] = _heap.mmap_threshold
     for name, offload in (("nvme", _nvme(os.path.join(root, "nvme"))), ("cpu", {"device": "cpu"})):
         engine = _engine(offload)
         if name == "nvme":  # the killed run's files were removed when the swap folder was made
-            out["mmap_threshold"] = _heap.mmap_threshold  # set by the engine for the streamed step
             out["fresh_files"] = {n: os.stat(os.path.join(stale, n)).st_mtime_ns for n in os.listdir(stale)}
             out["rank_folders_after"] = sorted(os.listdir(os.path.dirname(stale)))
         path, _ = engine.load_checkpoint(os.path.join(root, "ckpt"))

@@ -101,13 +101,3 @@ def test_disk_full_mid_step_names_the_bytes_and_keeps_the_checkpoint(runs):
     assert error is not None and error.startswith("NvmeSpaceError"), error
     assert "needs" in error and "bytes" in error and "free" in error and "nvme_path" in error, error
     assert r["ckpt0_before"] == r["ckpt0_after"]
-
-
-def test_the_nvme_engine_fixes_the_mmap_threshold_for_its_streamed_step(runs):
-    """The streamed step's per-sub-group temporaries are mapped and unmapped one by one, not kept as heap
-    (ds_zero.stage3._heap.fix_mmap_threshold: its effect on the resident set is tested in ds-zero)."""
-    from ds_zero.stage3 import _heap
-
-    r = runs["resumed"]
-    assert r["mmap_threshold_before"] is None
-    assert r["mmap_threshold"] == _heap.STREAMED_MMAP_THRESHOLD

@@ -9,22 +9,10 @@ on two gloo ranks, for fp32 and bf16 at every ZeRO stage, with the same model ob
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
-from rank_testing import spawn
+from rank_testing import live_storage_bytes, spawn
 from torch import nn
-
-
-def _live_cpu_storage_bytes() -> int:
-    """Bytes of every distinct live CPU tensor storage (views of one storage count once)."""
-    gc.collect()
-    storages = {}
-    for obj in gc.get_objects():
-        if type(obj) is torch.Tensor or type(obj) is nn.Parameter:
-            storages[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
-    return sum(storages.values())
 
 
 def _build_step_drop(rank: int, world: int, dtype: str) -> list[tuple[int, int, int, int]]:
@@ -34,7 +22,7 @@ def _build_step_drop(rank: int, world: int, dtype: str) -> list[tuple[int, int, 
 
     results = []
     for stage in (0, 1, 2, 3):
-        base = _live_cpu_storage_bytes()
+        base = live_storage_bytes()
         torch.manual_seed(0)
         model = nn.Sequential(nn.Linear(64, 256), nn.Tanh(), nn.Linear(256, 8))
         config = {
@@ -55,9 +43,9 @@ def _build_step_drop(rank: int, world: int, dtype: str) -> list[tuple[int, int, 
                 p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
             }.values()
         )
-        after = _live_cpu_storage_bytes() - base
+        after = live_storage_bytes() - base
         del model
-        results.append((stage, own, after, _live_cpu_storage_bytes() - base))
+        results.append((stage, own, after, live_storage_bytes() - base))
     return results
 
 

@@ -1,6 +1,5 @@
 """MixedPrecisionOptimizer: fp16/bf16 match fp32, skipped steps, clipping, accumulation, diagnostics."""
 
-import gc
 import logging
 import math
 
@@ -21,6 +20,7 @@ from ds_precision import (
     OverflowAtMinimumScaleError,
     StaticLossScaler,
 )
+from rank_testing import live_storage_bytes
 
 # Stated tolerance: after 40 AdamW steps, the weights of a low-precision run differ from the fp32 run
 # by at most this relative L2 distance (measured: bf16 ~2e-3, fp16 ~3e-4).
@@ -175,21 +175,11 @@ def test_fp32_grad_accumulation_sums_micro_steps_in_fp32():
     assert not opt.groups[0].flat_grad.any()
 
 
-def _live_cpu_storage_bytes() -> int:
-    """Bytes of every distinct live CPU tensor storage (a gc walk; views of one storage count once)."""
-    gc.collect()
-    storages = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            storages[obj.untyped_storage().data_ptr()] = obj.untyped_storage().nbytes()
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_no_fp32_gradient_buffer_lives_between_steps(dtype):
     """Issue 18: after a step a low-precision rank holds its weights, the fp32 master and Adam's moments;
     the fp32 gradient copy exists only inside step() (the model's grads carry the next ones)."""
-    before = _live_cpu_storage_bytes()
+    before = live_storage_bytes()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 8)).to(dtype)
     numel = sum(p.numel() for p in model.parameters())
@@ -200,7 +190,7 @@ def test_no_fp32_gradient_buffer_lives_between_steps(dtype):
         opt.backward(model(torch.randn(4, 256, dtype=dtype)).float().square().mean())
         assert opt.step()
         opt.zero_grad()
-    live = _live_cpu_storage_bytes() - before
+    live = live_storage_bytes() - before
     # 2 bytes of weights + 4 of fp32 master + 8 of moments per parameter, and a few scalars
     assert 14 * numel <= live <= 14 * numel + 1024, (live, numel)
     assert all(flat.flat_grad is None for flat in opt.groups)

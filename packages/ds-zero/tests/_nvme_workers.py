@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 
 import _stage3_workers as w
@@ -12,6 +11,7 @@ from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from ds_zero.stage3._options import NvmeOptions
 from ds_zero.stage3._swap import NvmeSpaceError
+from rank_testing import live_storage_bytes
 from torch import nn
 
 BASE = Stage3Options(param_persistence_threshold=0, sub_group_size=24)
@@ -221,17 +221,6 @@ def fragments(rank: int, world: int, root: str, nvme: bool) -> dict:
 BIG = 1024  # sixteen 1024 x 1024 layers: a 64 MiB fp32 gradient partition on one rank, 4 MiB per layer
 
 
-def _live_storage_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage alive in this process (observed, not computed)."""
-    gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            st = obj.untyped_storage()
-            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-    return sum(seen.values())
-
-
 def _big(options: Stage3Options):
     torch.manual_seed(0)
     model = nn.Sequential(*(nn.Linear(BIG, BIG, bias=False) for _ in range(16)))
@@ -249,12 +238,12 @@ def grads_on_disk(rank: int, world: int, root: str, tiny: str | None) -> dict:
         ("nvme", dataclasses.replace(base, optimizer_nvme=NvmeOptions(_dir(root, "big"), buffer_count=2))),
     ):
         model, zero = _big(options)
-        before = _live_storage_bytes()
+        before = live_storage_bytes()
         grown = []
         for micro in range(2):
             g = torch.Generator().manual_seed(micro)
             zero.backward(model(torch.randn(2, BIG, generator=g)).pow(2).mean())
-            grown.append(_live_storage_bytes() - before)
+            grown.append(live_storage_bytes() - before)
         zero.step()
         run = {"grown": grown, "partition_bytes": zero.params.part_numels[0] * 4}
         if zero.swap is not None:
@@ -271,4 +260,28 @@ def grads_on_disk(rank: int, world: int, root: str, tiny: str | None) -> dict:
         except NvmeSpaceError as e:
             out["disk_full"] = str(e)
     out["parity"] = grad_parity(rank, world, root)
+    return out
+
+
+# ---------------------------------------------------------------------------------- glibc's mmap threshold
+def mmap_threshold(rank: int, world: int, root: str) -> dict:
+    """glibc's mmap threshold as ``_heap`` set it (process-wide: run in a fresh rank process) before any
+    optimizer, after one with its state in memory (CPU offload), after two on nvme; the INFO lines logged."""
+    import logging
+
+    from ds_zero.stage3 import _heap
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = logging.getLogger("ds_zero")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    out = {"before": _heap.mmap_threshold}
+    w.build(dataclasses.replace(BASE, offload_optimizer=True))
+    out["cpu"] = _heap.mmap_threshold
+    for i in range(2):
+        w.build(_nvme(_dir(root, f"mmap{i}")))
+    out["nvme"] = _heap.mmap_threshold
+    out["logged"] = [line for line in lines if "mmap threshold" in line]
     return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import os
 import time
 
@@ -14,6 +13,7 @@ from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options
 from ds_zero.stage3._options import NvmeOptions, ParamNvmeOptions
 from ds_zero.stage3._swap import NvmeSpaceError, SwapFolder
+from rank_testing import live_storage_bytes
 from torch import nn
 
 BASE = Stage3Options(param_persistence_threshold=0, sub_group_size=24)
@@ -131,17 +131,6 @@ def _deep_steps(model, zero, rank: int, steps: int = 2, on_forward=None) -> None
         h.remove()
 
 
-def _live_storage_bytes() -> int:
-    """Bytes of every distinct CPU tensor storage alive in this process (observed, not computed)."""
-    gc.collect()
-    seen: dict[int, int] = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            st = obj.untyped_storage()
-            seen[st.data_ptr()] = max(seen.get(st.data_ptr(), 0), st.nbytes())
-    return sum(seen.values())
-
-
 def effects(rank: int, world: int, root: str) -> dict:
     """Where the partitions are, what the buffers and the read-ahead do (the Deep model, both on nvme)."""
     out: dict = {}
@@ -162,7 +151,7 @@ def effects(rank: int, world: int, root: str) -> dict:
             "file_numel": swap.file_numel,
             "cpu_numel": swap.cpu_numel,
             "partition_numel": zero.params.part_numels[0],
-            "live_bytes": _live_storage_bytes(),
+            "live_bytes": live_storage_bytes(),
         }
         del model, zero, swap
     model, zero = _deep(_nvme(root, "buffers-5", max_in_cpu=0, buffer_count=5, buffer_size=16_384, base=base))

@@ -7,11 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _nvme_workers as nw
 import _stage3_workers as w
 import pytest
 import torch
 from ds_zero import ZeroStage3Optimizer
 from ds_zero.stage3 import Stage3Options, _heap
+from rank_testing import spawn
 
 pytestmark = pytest.mark.skipif(
     platform.system() != "Linux" or _heap._trim is None, reason="glibc's malloc_trim and /proc: Linux only"
@@ -70,6 +72,17 @@ def test_a_fixed_mmap_threshold_unmaps_large_blocks_when_freed():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert float(out.split()[-1]) > 60, "the 2 MiB blocks were mapped one by one and unmapped when freed"
+
+
+def test_an_optimizer_on_nvme_fixes_the_mmap_threshold_and_says_so_once(tmp_path):
+    """``optimizer_nvme`` (the streamed step) fixes the threshold when the optimizer is built, for a ds-zero
+    user outside the engine too, and logs it once at INFO on ``ds_zero``; state in memory leaves glibc's
+    own (rising) threshold. On a fresh rank process: the setting is process-wide."""
+    (r,) = spawn(nw.mmap_threshold, 1, str(tmp_path), timeout_s=300)
+    assert r["before"] is None and r["cpu"] is None, r
+    assert r["nvme"] == _heap.STREAMED_MMAP_THRESHOLD, r
+    assert len(r["logged"]) == 1, r["logged"]
+    assert str(_heap.STREAMED_MMAP_THRESHOLD) in r["logged"][0] and "nvme" in r["logged"][0], r["logged"]
 
 
 def test_the_optimizer_trims_after_wrapping_and_after_steps_that_free_enough(monkeypatch):

@@ -137,11 +137,14 @@ def test_checkpoint_saved_with_params_on_disk_resumes(two):
 
 def test_a_partly_updated_piece_needed_before_the_step_covers_it_is_completed_from_its_file(tmp_path):
     """A piece the step has written only part of is written once the step covers it; needed earlier (a
-    gather, the step's end), its other elements are read from its file first: nothing is lost either way."""
+    gather, the step's end), its other elements are read from its file first: nothing is lost either way,
+    and no memory beyond the ``buffer_count`` buffers is allocated for it (allocations counted by torch's
+    profiler: the reads go into the piece's own buffer)."""
     import torch
     from ds_zero._aio import AioOptions, AsyncFileIO
     from ds_zero.stage3._param_swap import ParamSwap
     from ds_zero.stage3._swap import SwapFolder
+    from torch.profiler import ProfilerActivity, profile
 
     io = AsyncFileIO(AioOptions())
     swap = ParamSwap(SwapFolder(str(tmp_path), 0, "offload_param", name="ds_swap_params"), io,
@@ -153,11 +156,18 @@ def test_a_partly_updated_piece_needed_before_the_step_covers_it_is_completed_fr
     writes = swap.piece_writes
     swap.write_range(0, 0, 1000, -old[:1000], wait=False)  # a third of "a": not written yet
     assert swap.piece_writes == writes and swap.writes_pending() == 0
-    got = swap.piece("a").clone()  # needed now: completed from the file
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as settling:
+        got = swap.piece("a")  # needed now: completed from the file
+    got = got.clone()
     swap.done("a")
     assert torch.equal(got, torch.cat([-old[:1000], old[1000:3000]])) and swap.settled == 1
     swap.write_range(0, 1000, 3500, -old[1000:3500], wait=False)  # the rest of "a", half of "b"
-    swap.flush()  # the step's end: both completed from their files
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as flushing:
+        swap.flush()  # the step's end: both completed from their files
     assert torch.equal(swap.read_range(0, 0, 4000), torch.cat([-old[:3500], old[3500:]]))
     assert swap.settled == 3 and swap.piece_writes == writes + 3
+    for prof in (settling, flushing):
+        allocated = [(e.name, e.cpu_memory_usage) for e in prof.events() if e.cpu_memory_usage > 0]
+        assert allocated == [], allocated
+    assert swap.buffers_allocated <= 2
     io.close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import gc
-
 import _workers as w
 import pytest
 import torch
@@ -18,6 +16,7 @@ from ds_zero import (
     ZeroOptions,
 )
 from ds_zero._comm import AveragingRule, plan_buckets
+from rank_testing import live_storage_bytes
 from torch import nn
 
 
@@ -163,17 +162,6 @@ def test_params_become_views_of_the_flat_buffer(world_of_one):
         assert torch.equal(p, old)
 
 
-def _live_tensor_bytes() -> int:
-    """Bytes of every distinct live tensor storage (walks gc; views of one storage count once)."""
-    gc.collect()
-    storages = {}
-    for obj in gc.get_objects():
-        if isinstance(obj, torch.Tensor) and obj.device.type == "cpu":
-            st = obj.untyped_storage()
-            storages[st.data_ptr()] = st.nbytes()
-    return sum(storages.values())
-
-
 @pytest.mark.parametrize(
     "stage, offload, contiguous",
     [(1, False, False), (1, False, True), (1, True, False), (2, False, False), (2, True, False)],
@@ -186,7 +174,7 @@ def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(
     staging buffers that offload's contiguous gradients use are freed when the backward's reductions
     are done. Stage 1's flat gradient buffer (contiguous_gradients, offload) lives from a window's first
     backward to its step, and autograd accumulates straight into it."""
-    before = _live_tensor_bytes()
+    before = live_storage_bytes()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 256), nn.Tanh(), nn.Linear(256, 8))
     param_bytes = sum(p.numel() for p in model.parameters()) * 4
@@ -209,7 +197,7 @@ def test_after_a_step_an_fp32_rank_holds_weights_and_adam_moments_only(
         assert zero.step()
         zero.zero_grad()
     del x
-    live = _live_tensor_bytes() - before
+    live = live_storage_bytes() - before
     # weights (one flat buffer) + exp_avg + exp_avg_sq (dp = 1: the whole partition) + a few scalars
     assert live <= 3 * param_bytes + 1024, (live, param_bytes)
     assert live >= 3 * param_bytes, (live, param_bytes)

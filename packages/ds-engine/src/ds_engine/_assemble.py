@@ -103,9 +103,6 @@ def assemble(
             model_parallel_group=mp_group,
         )
     elif cfg.zero_optimization.stage == 3:  # stage 3 also partitions the model: its hooks gather the weights
-        offload = cfg.zero_optimization.offload_optimizer
-        if offload is not None and offload.device == "nvme":  # a streamed step: its temporaries are not kept
-            ds_zero.stage3.fix_mmap_threshold()  # as heap (see ds_zero.stage3._heap)
         wrapped = ds_zero.ZeroStage3Optimizer.from_config(
             model,
             basic,

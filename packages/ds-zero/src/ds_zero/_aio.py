@@ -38,11 +38,41 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["ALIGN", "AioOptions", "AsyncFileIO", "IOHandle", "IOStats", "aligned_empty", "pinned"]
+__all__ = [
+    "ALIGN",
+    "AioOptions",
+    "AsyncFileIO",
+    "IOHandle",
+    "IOStats",
+    "aligned_down",
+    "aligned_empty",
+    "aligned_spans",
+    "aligned_up",
+    "pinned",
+]
 
 ALIGN = (
     4096  # O_DIRECT alignment of buffer address, file offset and length (the page size covers 512-byte disks)
 )
+
+
+def aligned_up(n: int) -> int:
+    """``n`` rounded up to a multiple of ``ALIGN``."""
+    return -(-n // ALIGN) * ALIGN
+
+
+def aligned_down(n: int) -> int:
+    """``n`` rounded down to a multiple of ``ALIGN``."""
+    return n // ALIGN * ALIGN
+
+
+def aligned_spans(start: int, end: int) -> list[tuple[int, int]]:
+    """``[start, end)`` cut at ``ALIGN`` boundaries: the unaligned head, the aligned middle (a request that
+    can go through ``O_DIRECT`` where the buffer's address is aligned alike) and the unaligned tail, the
+    empty ones left out."""
+    mid0, mid1 = aligned_up(start), aligned_down(end)
+    cuts = [start, end] if mid0 >= mid1 else [start, mid0, mid1, end]
+    return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
 
 @dataclass(frozen=True)
@@ -74,7 +104,7 @@ class IOStats:
 
 def aligned_empty(nbytes: int) -> torch.Tensor:
     """A uint8 tensor of ``nbytes`` (rounded up to ``ALIGN``) whose address is ``ALIGN``-aligned."""
-    n = -(-nbytes // ALIGN) * ALIGN
+    n = aligned_up(nbytes)
     raw = torch.empty(n + ALIGN, dtype=torch.uint8)
     skip = (-raw.data_ptr()) % ALIGN
     return raw[skip : skip + n]

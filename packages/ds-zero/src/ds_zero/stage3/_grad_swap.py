@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty
+from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_down, aligned_empty, aligned_spans, aligned_up
 from .._step import norm_of
 from ._grad_parts import mark_written, split_written
 from ._swap import NvmeSpaceError, SwapFolder
@@ -51,14 +51,6 @@ from ._swap import NvmeSpaceError, SwapFolder
 __all__ = ["GradFile", "GradSwap"]
 
 ZERO_CHUNK = 1 << 20  # elements of zeros written at a time where no reduction wrote
-
-
-def _floor(n: int) -> int:
-    return n // ALIGN * ALIGN
-
-
-def _ceil(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @dataclass(eq=False)
@@ -191,7 +183,7 @@ class GradSwap:
     # ------------------------------------------------------------------ the step's reads
     def region_bytes(self, numel: int) -> int:
         """Bytes of a region of a step buffer that holds any range of ``numel`` elements of any group."""
-        return _ceil(numel * max((d.itemsize for d in self.dtypes), default=1) + ALIGN)
+        return aligned_up(numel * max((d.itemsize for d in self.dtypes), default=1) + ALIGN)
 
     def read_into(self, region: torch.Tensor, g: int, lo: int, hi: int) -> list[IOHandle]:
         """Issue the read of ``[lo, hi)`` into ``region`` (aligned, ``region_bytes`` long)."""
@@ -229,20 +221,17 @@ class GradSwap:
         """Move elements ``[a, b)`` between the file and ``buf`` (staged for a range starting at ``lo``):
         the aligned middle as one request (O_DIRECT), the unaligned head and tail each as another."""
         es = self.dtypes[g].itemsize
-        base = _floor(lo * es)  # the file offset of buf[0]
+        base = aligned_down(lo * es)  # the file offset of buf[0]
         off0, off1 = a * es, b * es
-        mid0, mid1 = _ceil(off0), _floor(off1)
-        cuts = [off0, off1] if mid0 >= mid1 else [off0, mid0, mid1, off1]
         path = self.path(g)
         if write:
             self.bytes_written += off1 - off0
         else:
             self.bytes_read += off1 - off0
         handles = []
-        for x, y in zip(cuts, cuts[1:]):
-            if x < y:
-                piece = buf[x - base : y - base]
-                handles.append(self.io.write(path, x, piece) if write else self.io.read(path, x, piece))
+        for x, y in aligned_spans(off0, off1):
+            piece = buf[x - base : y - base]
+            handles.append(self.io.write(path, x, piece) if write else self.io.read(path, x, piece))
         return handles
 
     def _push(self, p: _Pending) -> None:

@@ -22,7 +22,8 @@ With the optimizer on NVMe the step streams hundreds of sub-groups, each with it
 fp32 gradient, the update's), 16 MiB apiece, and the heap grew by them through the step until the trim
 at its end: ~8 bytes per parameter above the live set at 0.28B parameters (``tools/bench/bench_largest_fit.py``
 and a sampler of the step's RSS, issue 36), which at 3B would pass the machine's memory. So there the
-engine fixes glibc's mmap threshold at ``STREAMED_MMAP_THRESHOLD`` (``fix_mmap_threshold``): every block
+optimizer fixes glibc's mmap threshold at ``STREAMED_MMAP_THRESHOLD`` (``fix_mmap_threshold``, called by
+``ZeroStage3Optimizer`` when ``optimizer_nvme`` is set, logged once at INFO): every block
 of that size or more is mapped for itself and unmapped when freed, whatever was freed before; the cost
 is the page faults of each such block, small beside the disk I/O of the same sub-group.
 """
@@ -30,9 +31,12 @@ is the page faults of each such block, small beside the disk I/O of the same sub
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 
 __all__ = ["fix_mmap_threshold", "release_freed_heap"]
+
+logger = logging.getLogger("ds_zero")
 
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 STREAMED_MMAP_THRESHOLD = 1 << 20
@@ -94,5 +98,12 @@ def fix_mmap_threshold(nbytes: int = STREAMED_MMAP_THRESHOLD) -> bool:
         return False
     if not _mallopt(M_MMAP_THRESHOLD, nbytes):
         return False
+    if mmap_threshold != nbytes:
+        logger.info(
+            "ds-zero: glibc's mmap threshold fixed at %d bytes for this process (mallopt M_MMAP_THRESHOLD): "
+            "the optimizer step streamed from nvme frees its per-sub-group temporaries to the OS instead of "
+            "keeping them as heap (DS_ZERO_MALLOC_TRIM=0 turns it off)",
+            nbytes,
+        )
     mmap_threshold = nbytes
     return True

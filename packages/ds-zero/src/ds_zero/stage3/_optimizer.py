@@ -23,7 +23,7 @@ from ._fetch import FetchSchedule
 from ._grad_parts import GradPartitions
 from ._grad_swap import GradSwap
 from ._grads import Stage3Reducer
-from ._heap import release_freed_heap, step_threshold
+from ._heap import fix_mmap_threshold, release_freed_heap, step_threshold
 from ._hooks import GatherHooks
 from ._options import Stage3Options
 from ._param_swap import ParamSwap
@@ -83,6 +83,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         groups = [[p for p in g["params"] if p.requires_grad] for g in optimizer.param_groups]
         cpu = torch.device("cpu")
         nvme, param_nvme = options.optimizer_nvme, options.param_nvme
+        if nvme is not None:  # a streamed step: its temporaries are not kept as heap (see ``_heap``)
+            fix_mmap_threshold()
         self.aio: AsyncFileIO | None = None
         if nvme is not None or param_nvme is not None:  # one I/O pool for both swaps
             self.aio = AsyncFileIO(options.aio)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
+from .._aio import AsyncFileIO, IOHandle, aligned_empty, aligned_spans, aligned_up, pinned
 from .._errors import ZeroConfigError
 from ._grad_parts import mark_written, split_written
 from ._swap import SwapFolder
@@ -44,10 +44,6 @@ from ._swap import SwapFolder
 __all__ = ["ParamSwap"]
 
 logger = logging.getLogger("ds_zero")
-
-
-def _aligned(nbytes: int) -> int:
-    return -(-nbytes // ALIGN) * ALIGN
 
 
 @dataclass(eq=False)
@@ -130,7 +126,7 @@ class ParamSwap:
                         "parameter partition (parameter numel / data-parallel size)"
                     )
                 p.offset = offset
-                offset += _aligned(p.numel * size)
+                offset += aligned_up(p.numel * size)
                 self.file_numel += p.numel
             out.append(p)
             self._pieces[key] = p
@@ -183,12 +179,16 @@ class ParamSwap:
     def _read(self, p: _Piece, buf: torch.Tensor) -> IOHandle:
         self.reads += 1
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
-        return self.io.read(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
+        return self.io.read(
+            self.folder.file(self._name(p.group)), p.offset, buf[: aligned_up(p.numel * size)]
+        )
 
     def _write(self, p: _Piece, buf: torch.Tensor) -> IOHandle:
         self.piece_writes += 1
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
-        return self.io.write(self.folder.file(self._name(p.group)), p.offset, buf[: _aligned(p.numel * size)])
+        return self.io.write(
+            self.folder.file(self._name(p.group)), p.offset, buf[: aligned_up(p.numel * size)]
+        )
 
     def _finish_write(self, key: Hashable) -> torch.Tensor:
         """Wait for the piece's write in flight; its buffer (holding the piece's newest values) is the caller's."""
@@ -201,20 +201,30 @@ class ParamSwap:
         return buf
 
     def _settle(self, key: Hashable) -> None:
-        """Issue the write of a dirty piece now: the ranges the step has not written yet come from its file."""
+        """Issue the write of a dirty piece now: the ranges the step has not written yet are read from its
+        file straight into the piece's own buffer (no other memory: the buffers stay within buffer_count)."""
         buf, covered = self._dirty.pop(key)
         p = self._pieces[key]
-        old = aligned_empty(_aligned(p.numel * torch.empty(0, dtype=self.dtypes[p.group]).element_size()))
+        size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
+        path = self.folder.file(self._name(p.group))
         self.reads += 1
-        try:
-            self.io.read(self.folder.file(self._name(p.group)), p.offset, old).wait()
-        except BaseException:
+        handles: list[IOHandle] = []
+        error = None
+        try:  # buf[0] is at the piece's aligned offset: the aligned middles of the ranges go through O_DIRECT
+            for a, b, written in split_written(covered, p.lo, p.hi):
+                if not written:
+                    for x, y in aligned_spans((a - p.lo) * size, (b - p.lo) * size):
+                        handles.append(self.io.read(path, p.offset + x, buf[x:y]))
+        except BaseException as e:
+            error = e
+        for handle in handles:  # every read is done with buf before it is given back
+            try:
+                handle.wait()
+            except BaseException as e:
+                error = error or e
+        if error is not None:
             self._free.append(buf)
-            raise
-        new, old = self._view(buf, p), self._view(old, p)
-        for a, b, written in split_written(covered, p.lo, p.hi):
-            if not written:
-                new[a - p.lo : b - p.lo].copy_(old[a - p.lo : b - p.lo])
+            raise error
         self._writing[key] = (buf, self._write(p, buf))
         self.settled += 1
 

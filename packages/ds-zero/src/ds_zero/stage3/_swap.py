@@ -37,7 +37,7 @@ from typing import Protocol
 
 import torch
 
-from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_empty, pinned
+from .._aio import AsyncFileIO, IOHandle, aligned_empty, aligned_up, pinned
 from .._errors import ZeroConfigError
 from ._subgroups import ScaledGrad
 from ._swap_folders import hold_marker, remove_vanished_ranks
@@ -121,10 +121,6 @@ class SwapFolder:
         return path
 
 
-def _slot_bytes(numel: int) -> int:
-    return -(-numel * 4 // ALIGN) * ALIGN
-
-
 class OptimizerSwap:
     """fp32 masters and element-wise optimizer state of every sub-group view, kept in files.
 
@@ -166,7 +162,7 @@ class OptimizerSwap:
         self._free: list[torch.Tensor] = []
         self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): order index -> read
         self._slots = 1  # master + state tensors per buffer
-        self._stride = _slot_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0))
+        self._stride = aligned_up(4 * max((hi - lo for b in self.bounds for lo, hi in b), default=0))
         # with the gradients in files too (``_grad_swap``) each buffer starts with a region for a view's gradient
         self.grads = grads
         self._grad_bytes = (
