@@ -276,3 +276,54 @@ def test_state_is_the_per_parameter_state_of_the_partitions_in_param_groups(worl
     assert zero.state[part]["exp_avg"].shape == part.shape == (15 + 1,)  # 15 elements padded to 2*dp
     tensors, _ = zero.sharded_state_dict()
     torch.testing.assert_close(zero.state[part]["exp_avg"][:15], tensors["g0.exp_avg"], rtol=0, atol=0)
+
+
+def _allocations(fn, nbytes: int) -> int:
+    """How many tensors of at least ``nbytes`` ``fn()`` allocates (torch's profiler: its allocating ops; an
+    op's memory is also attributed to the ops that called it, which are not counted again)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    allocating = ("aten::empty", "aten::empty_strided")
+    return sum(1 for e in prof.events() if e.name in allocating and e.cpu_memory_usage >= nbytes)
+
+
+def test_the_norm_of_low_precision_gradients_casts_into_one_reused_buffer(world_of_one):
+    """A bf16 gradient's fp32 norm is the same bits as ``vector_norm(piece, dtype=float32)`` per piece, and
+    its cast goes through one buffer for the whole pass: one piece-sized allocation, not one per piece
+    (on the CPU each one can be a fresh mmap whose page faults cost more than the norm)."""
+    from ds_zero._step import NORM_CHUNK, partition_norm_sq
+
+    cpu = torch.device("cpu")
+    g = torch.randn(4 * NORM_CHUNK + 7, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    pieces = [
+        torch.linalg.vector_norm(g[c : c + NORM_CHUNK], dtype=torch.float32)
+        for c in range(0, g.numel(), NORM_CHUNK)
+    ]
+    expected = torch.stack(pieces).double().square().sum().item()
+    assert partition_norm_sq([(g, None)], cpu, None, None) == expected
+    assert _allocations(lambda: partition_norm_sq([(g, None)], cpu, None, None), NORM_CHUNK * 4) == 1
+
+
+def test_sub_groups_scale_their_low_precision_gradients_in_one_reused_buffer():
+    """``SubGroups.step`` gives each view ``grad * inv_scale`` in fp32 (the values of ``grad.float() *
+    inv_scale``) through one view-sized buffer for the step, not one allocation per view."""
+    from ds_zero.stage3._subgroups import SubGroups
+
+    views, n = 5, 1 << 16
+    master = torch.zeros(views * n)
+    groups = SubGroups([master], n)
+    grad = torch.randn(views * n, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    seen = []
+
+    class Recorder(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, {})
+
+        def step(self, closure=None):
+            seen.extend(p.grad.clone() for g in self.param_groups for p in g["params"] if p.grad is not None)
+
+    opt = Recorder(groups.views[0])
+    assert _allocations(lambda: groups.step(opt, [grad], 0.25), n * 4) == 1 + views  # the buffer + the clones
+    assert torch.equal(torch.cat(seen), grad.float() * 0.25)
