@@ -139,13 +139,18 @@ def rank_main(spec: dict) -> None:
     phase("wrapped")
     rec: dict[str, list] = {"fwd_bwd_s": [], "update_s": [], "loss": [], "fwd_bwd_io": [], "update_io": []}
     idx, tgt = batch(d, rank, 0)  # the same batch every step: a step that trains makes its loss fall
+    tracer = _Tracer(update, spec) if spec.get("trace") and rank == 0 else None
     for i in range(spec["steps"]):
         dist.barrier()  # each step starts together: its time is the step's, not waiting for a slow rank
+        if tracer is not None and i == spec["steps"] - 1:
+            tracer.start()
         io0, t0 = disk_io(), time.perf_counter()
         loss = fwd_bwd(idx, tgt)
         io1, t1 = disk_io(), time.perf_counter()
         update()
         io2, t2 = disk_io(), time.perf_counter()
+        if tracer is not None and i == spec["steps"] - 1:
+            tracer.write(t0, t1, t2)
         rec["fwd_bwd_s"].append(t1 - t0)
         rec["update_s"].append(t2 - t1)
         rec["loss"].append(float(loss))
@@ -155,6 +160,28 @@ def rank_main(spec: dict) -> None:
     dist.barrier()
     print("FIT_RESULT " + json.dumps({"rank": rank, **rec}), flush=True)
     dist.destroy_process_group()
+
+
+class _Tracer:
+    """ds with NVMe offload, rank 0: the last step's timeline for tools/bench/plot_nvme_timeline.py: the
+    forward+backward and the update intervals, each sub-group's optimizer update, and every request of the
+    I/O pool as its worker ran it (``AsyncFileIO.trace``). DeepSpeed's I/O has no such record."""
+
+    def __init__(self, update: Any, spec: dict) -> None:
+        optimizer = getattr(getattr(update, "__self__", None), "optimizer", None)
+        self.swap, self.aio = getattr(optimizer, "swap", None), getattr(optimizer, "aio", None)
+        self.path = spec["trace"]
+        if spec["impl"] != "ds" or self.aio is None:
+            raise SystemExit("--trace records ds's NVMe offload only (ds3-nvme)")
+
+    def start(self) -> None:
+        self.aio.trace = []
+        if self.swap is not None:
+            self.swap.trace = []
+
+    def write(self, t0: float, t1: float, t2: float) -> None:
+        events = [("fwd_bwd", t0, t1, 0), ("step", t1, t2, 0), *(self.swap.trace or []), *self.aio.trace]
+        Path(self.path).write_text(json.dumps([(k, a - t1, b - t1, n) for k, a, b, n in events]))
 
 
 def disk_io() -> tuple[int, int]:
@@ -242,6 +269,8 @@ def rung_spec(name: str, layers: int, args: argparse.Namespace) -> dict:
         spec["offload_param"] = json.loads(args.offload_param)
         spec["offload_optimizer"] = json.loads(args.offload_optimizer)
         spec["aio"] = json.loads(args.aio)
+    if args.trace and name == "ds3-nvme":
+        spec["trace"] = str(Path(args.trace).resolve())
     return spec
 
 
@@ -407,6 +436,8 @@ def main() -> None:
     parser.add_argument("--bisect", action="store_true", help="one extra run between last ok and first fail")
     parser.add_argument("--rung-timeout-s", type=float, default=3600)
     parser.add_argument("--json", help="write every rung and the result here")
+    parser.add_argument("--trace", help="ds3-nvme: rank 0's last step as a timeline (JSON, for "
+                        "tools/bench/plot_nvme_timeline.py); with several rungs, the last one's")  # fmt: skip
     parser.add_argument(
         "--zero",
         default="{}",

@@ -1,8 +1,10 @@
 """Plot the timeline of one optimizer step with NVMe offload: updates (compute) and disk reads and writes.
 
-Reads the JSON that ``tools/bench/bench_stage3_fit.py --trace FILE`` writes (rank 0's last step: the step's
-interval, each sub-group's update, each I/O request as the worker thread ran it) and draws one row per
-kind, with the bytes moved per second of the step and the share of the step the disk was busy.
+Reads the JSON that ``tools/bench/bench_stage3_fit.py --trace FILE`` (the optimizer step) or
+``tools/bench/bench_largest_fit.py --trace FILE`` (the whole training step: forward+backward, then the optimizer
+step) writes for rank 0's last step: the intervals, each sub-group's update, each I/O request as the worker
+thread ran it; draws one row per kind, with the bytes moved per second and the share of the time the disk
+was busy, for the optimizer step and (when recorded) the whole training step.
 
     python tools/bench/plot_nvme_timeline.py FILE docs/benchmarks/nvme-step-timeline.png
 """
@@ -36,31 +38,49 @@ def main() -> None:
     args = ap.parse_args()
     events = json.load(open(args.trace))
     (step,) = [(a, b) for k, a, b, _ in events if k == "step"]
+    fwd_bwd = [(a, b) for k, a, b, _ in events if k == "fwd_bwd"]
     rows = {"update": [], "read": [], "write": []}
-    moved = 0
     for k, a, b, n in events:
         if k in rows:
-            rows[k].append((a, b))
-            moved += n if k != "update" else 0
-    span = step[1] - step[0]
-    io_busy = busy(rows["read"] + rows["write"])
-    overlap = busy(rows["update"]) + io_busy - busy(rows["update"] + rows["read"] + rows["write"])
-    fig, ax = plt.subplots(figsize=(10, 2.6))
-    for y, (kind, color) in enumerate((("update", "tab:blue"), ("read", "tab:green"), ("write", "tab:red"))):
-        ax.broken_barh([(a, b - a) for a, b in rows[kind]], (y - 0.4, 0.8), color=color)
-    ax.set_yticks(range(3), ["update (compute)", "disk read", "disk write"])
-    ax.set_xlabel("seconds from the start of the optimizer step")
-    ax.set_xlim(step[0], step[1])
-    ax.set_title(
-        (args.title + "\n" if args.title else "")
-        + f"step {span:.2f} s, {moved / 1e9:.2f} GB moved = {moved / span / 1e9:.2f} GB/s; disk busy "
-        f"{io_busy / span:.0%} of the step, {overlap:.2f} s of I/O under compute",
-        fontsize=9,
+            rows[k].append((a, b, n))
+    kinds = [("fwd_bwd", "forward+backward", "tab:purple")] if fwd_bwd else []
+    kinds += [("update", "optimizer update", "tab:blue"), ("read", "disk read", "tab:green"),
+              ("write", "disk write", "tab:red")]  # fmt: skip
+    if fwd_bwd:
+        rows["fwd_bwd"] = [(a, b, 0) for a, b in fwd_bwd]
+    begin = fwd_bwd[0][0] if fwd_bwd else step[0]
+    fig, ax = plt.subplots(figsize=(11, 3.0 if fwd_bwd else 2.6))
+    for y, (kind, _, color) in enumerate(kinds):
+        ax.broken_barh([(a, b - a) for a, b, _ in rows[kind]], (y - 0.4, 0.8), color=color)
+    ax.set_yticks(range(len(kinds)), [label for _, label, _ in kinds])
+    ax.set_xlabel(
+        "seconds from the start of the optimizer step" + (" (forward+backward before 0)" if fwd_bwd else "")
     )
+    ax.set_xlim(begin, step[1])
+    lines = [summary("optimizer step", step, rows)]
+    if fwd_bwd:
+        lines.insert(0, summary("whole step", (begin, step[1]), rows))
+    ax.set_title((args.title + "\n" if args.title else "") + "\n".join(lines), fontsize=9)
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
-    print(f"step {span:.3f} s, moved {moved} B ({moved / span / 1e9:.3f} GB/s), disk busy {io_busy / span:.1%}, "
-          f"I/O overlapping compute {overlap:.3f} s")  # fmt: skip
+    print("\n".join(lines))
+
+
+def summary(what: str, window: tuple[float, float], rows: dict) -> str:
+    """Bytes moved in ``window`` per second, the share of it the disk was busy, I/O under compute."""
+    a0, b0 = window
+    span = b0 - a0
+
+    def inside(kind: str) -> list[tuple[float, float, int]]:
+        return [(max(a, a0), min(b, b0), n) for a, b, n in rows.get(kind, []) if b > a0 and a < b0]
+
+    io = inside("read") + inside("write")
+    compute = inside("update") + inside("fwd_bwd")
+    moved = sum(n for _, _, n in io)
+    io_busy = busy([(a, b) for a, b, _ in io])
+    both = busy([(a, b) for a, b, _ in compute]) + io_busy - busy([(a, b) for a, b, _ in compute + io])
+    return (f"{what} {span:.2f} s, {moved / 1e9:.2f} GB moved = {moved / span / 1e9:.2f} GB/s; disk busy "
+            f"{io_busy / span:.0%} of it, {both:.2f} s of I/O under compute")  # fmt: skip
 
 
 if __name__ == "__main__":
