@@ -235,8 +235,8 @@ def norm_of(
     """``vector_norm(piece, dtype=dtype)`` bit for bit, the cast made into a buffer of ``scratch`` reused
     from one piece to the next. ``vector_norm``'s own cast allocates a piece-sized tensor per call; on the
     CPU a block that size is often a fresh ``mmap`` (always with the NVMe step's fixed threshold, see
-    ``stage3/_heap``), and its page faults cost several times the norm itself (measured: 6.5 against 0.6
-    ns per bf16 element, docs/benchmarks.md "NVMe step: allocations in the hot loop")."""
+    ``stage3/_heap``), and its page faults cost more than the norm itself (docs/benchmarks.md, "The final
+    main at 1.064B")."""
     if piece.dtype == dtype:
         return torch.linalg.vector_norm(piece)
     buf = scratch.get(dtype)
