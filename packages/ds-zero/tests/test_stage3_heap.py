@@ -66,8 +66,9 @@ def test_release_freed_heap_returns_it_to_the_os(monkeypatch):
 def test_a_fixed_mmap_threshold_unmaps_large_blocks_when_freed():
     """After ``fix_mmap_threshold`` the blocks ``_retained_heap_mb`` frees leave the resident set at once
     (without it they stay: the first test's setup check). In a fresh interpreter: the setting is process-wide."""
+    here, testing = Path(__file__).parent, Path(__file__).parents[3] / "testing"  # this module's imports
     code = (
-        f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_stage3_heap as t; "
+        f"import sys; sys.path[:0] = [{str(here)!r}, {str(testing)!r}]; import test_stage3_heap as t; "
         "from ds_zero.stage3 import _heap; assert _heap.fix_mmap_threshold(); print(t._retained_heap_mb()[0])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
