@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import contextmanager
 
 import _stage3_workers as w
 import torch
 from ds_zero import ZeroConfigError, ZeroStage3Optimizer
-from ds_zero.stage3 import Stage3Options
+from ds_zero.stage3 import Stage3Options, _subgroups
 from ds_zero.stage3._options import NvmeOptions
 from ds_zero.stage3._swap import NvmeSpaceError
 from rank_testing import live_storage_bytes
@@ -67,6 +68,17 @@ def grad_parity(rank: int, world: int, root: str) -> dict:
     return out
 
 
+@contextmanager
+def _step_piece(elements: int | None):
+    """Views of at most ``elements`` (``_subgroups.STEP_PIECE``, 4M elements, patched) while inside."""
+    old = _subgroups.STEP_PIECE
+    _subgroups.STEP_PIECE = elements or old
+    try:
+        yield
+    finally:
+        _subgroups.STEP_PIECE = old
+
+
 def _dir(root: str, name: str) -> str:
     path = os.path.join(root, name)
     os.makedirs(path, exist_ok=True)
@@ -89,8 +101,10 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
         for name, kw in {
             "plain": dict(buffer_count=1),
             "pipelined": dict(buffer_count=3, pipeline_read=True, pipeline_write=True),
+            "units": dict(buffer_count=2),  # views of 8 (STEP_PIECE below), sub-groups of 24: 3 views each
         }.items():
-            _, zero = _run(rank, world, _nvme(_dir(root, f"{tag}-{name}"), **kw), dtype)
+            with _step_piece(8 if name == "units" else None):
+                _, zero = _run(rank, world, _nvme(_dir(root, f"{tag}-{name}"), **kw), dtype)
             out["parity"][f"{tag}/nvme-{name}"] = _max_diff(zero.fp32_state_dict(), ref)
             swap, stats = zero.swap, zero.aio.stats
             folder = swap.folder.path
@@ -113,9 +127,12 @@ def parity_and_effects(rank: int, world: int, root: str, small: str | None) -> d
                 "prefetched": swap.prefetched,
                 "writes_deferred": swap.writes_deferred,
                 "views": sum(len(vs) for vs in swap.views),
+                "units": len(swap.units),
+                "buffer_bytes": swap.buffer_bytes,
                 "grad_itemsize": dtype.itemsize,
                 "grad_bytes_written": getattr(zero.grad_parts, "bytes_written", 0),
                 "grad_bytes_read": getattr(zero.grad_parts, "bytes_read", 0),
+                "norm_bytes_read": getattr(zero.grad_parts, "norm_bytes_read", 0),
             }
             # the checkpoint state is the one of the CPU-offload run, read from the files
             t_nvme, _ = zero.sharded_state_dict()

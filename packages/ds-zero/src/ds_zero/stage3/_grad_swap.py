@@ -22,13 +22,16 @@ partition.
 
 The step reads each sub-group's gradient range into the buffer it reads the master and state into (see
 ``OptimizerSwap``; the same ``buffer_count`` buffers and ``pipeline_read``). The global norm and the
-inf/nan check need every gradient before the first update: they re-read the files once, a
-``NORM_CHUNK`` piece at a time with the next piece's read in flight, computing each piece's norm exactly as
-``partition_norm_sq`` does on a tensor (so the norm, the clipping and the overflow skip are bit for bit
-those of the in-memory gradients). That costs one more read of the gradient partition per step (its bytes:
-the partition's numel times the gradient dtype's size), next to the three fp32 tensors each way the
-optimizer state moves. A norm accumulated while the pieces are written is not exact: a micro-step does not
-know whether it is the last one of its window, and its bucket slices do not fall on the norm's pieces.
+inf/nan check need every gradient before the first update. The norm is taken as backward writes: each
+``NORM_CHUNK`` piece of a group (the pieces ``partition_norm_sq`` cuts) gets its norm, computed exactly as
+``partition_norm_sq`` does on a tensor (``norm_of``, fp32), from the values written once a write completes
+it (a piece covered by one written range directly; one that several ranges cover is assembled in a
+buffer of its own, at most ``MAX_PARTIAL`` at once, the oldest given up). A later write into a piece drops
+its norm (gradient accumulation's next micro-step adds into every range and takes it again; with
+``track_norms`` false, set by the engine on micro-steps that are not a step's last, none is taken). At the
+step, the norm reads from the files only the pieces without a norm; the norm, the clipping and the
+overflow skip are bit for bit those of the in-memory gradients. The inf/nan check, needed only when the
+sum is not finite, reads the files.
 
 Reads and writes of unaligned ranges are cut into a head, an ``ALIGN``-aligned middle (through
 ``O_DIRECT``, staying out of the page cache) and a tail (buffered).
@@ -44,13 +47,14 @@ from dataclasses import dataclass
 import torch
 
 from .._aio import ALIGN, AsyncFileIO, IOHandle, aligned_down, aligned_empty, aligned_spans, aligned_up
-from .._step import norm_of
+from .._step import NORM_CHUNK, norm_of
 from ._grad_parts import mark_written, split_written
 from ._swap import NvmeSpaceError, SwapFolder
 
 __all__ = ["GradFile", "GradSwap"]
 
 ZERO_CHUNK = 1 << 20  # elements of zeros written at a time where no reduction wrote
+MAX_PARTIAL = 4  # norm pieces assembled from several writes at once (a piece's values each)
 
 
 @dataclass(eq=False)
@@ -87,6 +91,13 @@ class GradSwap:
         self.peak_staged_bytes = 0
         self.read_adds = 0  # ranges accumulated by a read-add-write (observed by the tests)
         self.bytes_written = self.bytes_read = 0  # through the gradient files (observed by the tests)
+        self.norm_bytes_read = 0  # of which read back for the norm (pieces without a norm from backward)
+        self.track_norms = (
+            True  # take the pieces' norms as they are written (off: not a step's last micro-step)
+        )
+        self.norms: list[dict[tuple[int, int], torch.Tensor]] = [{} for _ in self.numels]  # piece -> norm
+        self._partial: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int]]]] = {}
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}  # norm_of's cast buffer
         for g, n in enumerate(self.numels):
             folder.reserve(self.name(g), n * self.dtypes[g].itemsize)
 
@@ -131,6 +142,7 @@ class GradSwap:
                 target[a - lo : b - lo].copy_(src[a - lo : b - lo])
                 if alpha != 1.0:
                     target[a - lo : b - lo].mul_(alpha)
+        self._note(g, lo, hi, target)
         self._mark(g, lo, hi)
         self._push(_Pending(g, lo, hi, buf, self._transfer(g, buf, lo, lo, hi, True)))
 
@@ -144,6 +156,7 @@ class GradSwap:
                     d = min(b, c + ZERO_CHUNK)
                     buf, target = self._stage(g, c, d)
                     target.zero_()
+                    self._note(g, c, d, target)
                     self._push(_Pending(g, c, d, buf, self._transfer(g, buf, c, c, d, True)))
             self._written[g] = [(0, self.numels[g])]
         self.drain()
@@ -157,6 +170,8 @@ class GradSwap:
         self.drain()
         self._written = [[] for _ in self.numels]
         self._live = [False] * len(self.numels)
+        self.norms = [{} for _ in self.numels]
+        self._partial = {}
 
     # ------------------------------------------------------------------ single ranges (fragments)
     def read(self, g: int, lo: int, hi: int) -> torch.Tensor | None:
@@ -177,6 +192,7 @@ class GradSwap:
         self.finish()
         buf, target = self._stage(g, lo, hi)
         target.copy_(values)
+        self._note(g, lo, hi, target)
         self._push(_Pending(g, lo, hi, buf, self._transfer(g, buf, lo, lo, hi, True)))
         self.drain()
 
@@ -194,6 +210,34 @@ class GradSwap:
         es = self.dtypes[g].itemsize
         pad = lo * es % ALIGN
         return region[pad : pad + (hi - lo) * es].view(self.dtypes[g])
+
+    # ------------------------------------------------------------------ the norm, as backward writes
+    def _note(self, g: int, lo: int, hi: int, values: torch.Tensor) -> None:
+        """``[lo, hi)`` now holds ``values``: the norms of the pieces it touches are dropped and, with
+        ``track_norms``, taken again for every piece whose values are all known (see the module's text)."""
+        n, norms = self.numels[g], self.norms[g]
+        for c in range(lo // NORM_CHUNK * NORM_CHUNK, hi, NORM_CHUNK):
+            piece = (c, min(n, c + NORM_CHUNK))
+            norms.pop(piece, None)
+            a, b = max(lo, c), min(hi, piece[1])
+            if not self.track_norms:
+                self._partial.pop((g, *piece), None)
+                continue
+            if (a, b) == piece:
+                norms[piece] = norm_of(values[a - lo : b - lo], torch.float32, self._scratch)
+                self._partial.pop((g, *piece), None)
+                continue
+            buf, covered = self._partial.pop((g, *piece), (None, []))
+            if buf is None:
+                buf = torch.empty(piece[1] - c, dtype=self.dtypes[g])
+            buf[a - c : b - c].copy_(values[a - lo : b - lo])
+            covered = mark_written(covered, a, b)
+            if covered == [piece]:
+                norms[piece] = norm_of(buf, torch.float32, self._scratch)
+                continue
+            self._partial[(g, *piece)] = (buf, covered)  # the newest last
+            while len(self._partial) > MAX_PARTIAL:
+                del self._partial[next(iter(self._partial))]
 
     # ------------------------------------------------------------------ internals
     def _stage(self, g: int, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,6 +327,7 @@ class GradFile:
         if not bounds:
             return
         es = swap.dtypes[g].itemsize
+        swap.norm_bytes_read += sum(b - a for a, b in bounds) * es
         size = max(b - a for a, b in bounds) * es + ALIGN
         bufs = [swap._stage_buffer(size) for _ in range(min(2, len(bounds)))]
         ahead: list[tuple[torch.Tensor, list[IOHandle]]] = []
@@ -309,9 +354,12 @@ class GradFile:
     def piece_norms(
         self, ranges: Sequence[tuple[int, int]], dtype: torch.dtype, chunk: int
     ) -> list[torch.Tensor]:
+        """Each piece's norm: as taken when backward wrote it (``GradSwap._note``), else read from the file."""
         bounds = [(c, min(hi, c + chunk)) for lo, hi in ranges for c in range(lo, hi, chunk)]
+        known = self.swap.norms[self.group] if dtype == torch.float32 and chunk == NORM_CHUNK else {}
         scratch: dict[torch.dtype, torch.Tensor] = {}
-        return [norm_of(t, dtype, scratch) for t in self._pieces(bounds)]
+        read = iter([norm_of(t, dtype, scratch) for t in self._pieces([b for b in bounds if b not in known])])
+        return [known[b] if b in known else next(read) for b in bounds]
 
     def all_finite(self, chunk: int) -> bool:
         n = self.numel()

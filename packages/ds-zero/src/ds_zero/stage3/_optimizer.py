@@ -30,7 +30,7 @@ from ._param_swap import ParamSwap
 from ._partition import PartitionedParams
 from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
-from ._swap import OptimizerSwap, SwapFolder
+from ._swap import OptimizerSwap, SwapFolder, swap_unit
 
 __all__ = ["ZeroStage3Optimizer"]
 
@@ -155,6 +155,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
                 pipeline_write=nvme.pipeline_write,
                 pin_memory=nvme.pin_memory,
                 grads=self.grad_parts,
+                unit_numel=swap_unit(options.sub_group_size),
             )
             self.swap.init_masters(lambda g, lo, hi: params.read_part(g, lo, hi).to("cpu", torch.float32))
             for master in self.masters:
@@ -204,6 +205,12 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         )
 
     # ------------------------------------------------------------------ micro-steps
+    def set_boundary(self, is_boundary: bool) -> None:
+        """Say whether the coming backward ends an accumulation window: with the gradients in files only that
+        backward's writes take the norm's pieces (``GradSwap.track_norms``; the norm is exact either way)."""
+        if isinstance(self.grad_parts, GradSwap):
+            self.grad_parts.track_norms = is_boundary
+
     def backward(self, loss: torch.Tensor, *, retain_graph: bool = False) -> None:
         """Backward of ``loss * loss_scale`` for one micro-step (the loss is already divided by GAS)."""
         scaled = self._scaled_loss(loss)

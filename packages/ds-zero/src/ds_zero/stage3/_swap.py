@@ -7,13 +7,17 @@ state tensor of the inner optimizer (Adam's ``exp_avg``, ``exp_avg_sq``); per-vi
 emptied when a run starts, so a new run never reads an old run's swap files as state (the decision in
 spec/decisions.md "ZeRO stage 3"); checkpoints stay ds's portable format.
 
-The step streams the sub-groups (``sub_group_size`` views, see ``_subgroups``) through ``buffer_count``
-buffers: a sub-group's master and state are read into a buffer, the inner optimizer steps it, the updated
-master is copied into the weight partition and the buffer is written back. ``pipeline_read`` issues the
-reads of the next sub-groups (as many as free buffers allow) before stepping the current one;
-``pipeline_write`` leaves a buffer's write in flight while the next sub-groups step (it is waited for when
-the buffer is needed again, or at the end of the step). Without them each read and write is waited for
-where it is issued. ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
+The step streams the sub-groups through ``buffer_count`` buffers: a sub-group's master and state are read
+into a buffer (one request per tensor), the inner optimizer steps it a view at a time (the views of at most
+``STEP_PIECE`` elements that bound its temporaries, see ``_subgroups``), each view's updated master is
+copied into the weight partition, and the buffer is written back (again one request per tensor). A
+sub-group here is what DeepSpeed swaps at once: consecutive views of one group, ``sub_group_size``
+elements at most (capped at ``SWAP_UNIT_MAX``, and never less than one view): larger sub-groups cost
+memory (each buffer holds one) and move their bytes in fewer, longer transfers, which this disk serves
+faster (docs/benchmarks.md, "Swap units of sub_group_size"). ``pipeline_read`` issues the reads of the
+next sub-groups (as many as free buffers allow) before stepping the current one; ``pipeline_write`` leaves
+a buffer's write in flight while the next sub-groups step (it is waited for when the buffer is needed
+again, or at the end of the step). Without them each read and write is waited for where it is issued. ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
 where an accelerator makes that possible: on a CPU-only machine it is a no-op, said once in the log).
 
 The partition gradients are in files too (``g{g}.grad.bin``, ``GradSwap`` in ``_grad_swap``): each buffer
@@ -53,11 +57,27 @@ class GradRegions(Protocol):
     def region_view(self, region: torch.Tensor, g: int, lo: int, hi: int) -> torch.Tensor: ...
 
 
-__all__ = ["NvmeSpaceError", "OptimizerSwap", "SwapFolder"]
+__all__ = ["SWAP_UNIT_MAX", "NvmeSpaceError", "OptimizerSwap", "SwapFolder", "swap_unit"]
 
 logger = logging.getLogger("ds_zero")
 
 MASTER = "master"
+SWAP_UNIT_MAX = (
+    1 << 26
+)  # elements per swapped sub-group at most (~0.9 GB a buffer with Adam and bf16 gradients)
+
+
+def swap_unit(sub_group_size: int) -> int:
+    """Elements of the sub-group a step buffer holds: ``sub_group_size``, at most ``SWAP_UNIT_MAX`` (said in
+    the log when it caps: DeepSpeed's default of 1e9 would make each of the ``buffer_count`` buffers ~14 GB)."""
+    if sub_group_size > SWAP_UNIT_MAX:
+        logger.info(
+            "offload_optimizer nvme: swapping sub-groups of %d elements (sub_group_size %d is above ds's cap; "
+            "set sub_group_size lower for less buffer memory)",
+            SWAP_UNIT_MAX,
+            sub_group_size,
+        )
+    return min(sub_group_size, SWAP_UNIT_MAX)
 
 
 class NvmeSpaceError(OSError):
@@ -125,8 +145,9 @@ class OptimizerSwap:
     """fp32 masters and element-wise optimizer state of every sub-group view, kept in files.
 
     ``views[g]`` are the inner optimizer's parameters (``SubGroups.views``); between steps their ``.data``
-    and their state tensors are empty. ``step`` streams them through the buffers; ``resident`` makes
-    everything whole in memory for a checkpoint or a load.
+    and their state tensors are empty. ``step`` streams them through the buffers, ``unit_numel`` elements
+    of consecutive views at a time (one view a time without it); ``resident`` makes everything whole in
+    memory for a checkpoint or a load.
     """
 
     def __init__(
@@ -140,6 +161,7 @@ class OptimizerSwap:
         pipeline_write: bool,
         pin_memory: bool,
         grads: GradRegions | None = None,
+        unit_numel: int | None = None,
     ) -> None:
         if buffer_count < 1:
             raise ZeroConfigError(f"offload_optimizer.buffer_count must be >= 1, got {buffer_count}")
@@ -154,20 +176,40 @@ class OptimizerSwap:
                 self.bounds[g][k] = (lo, lo + v.numel())
                 lo += v.numel()
         self.numels = [b[-1][1] if b else 0 for b in self.bounds]
+        self.units = self._cut_units(unit_numel)  # (g, first view, end view): what one buffer holds
         self.buffers_allocated = 0  # observed by the tests: never above buffer_count
         self.reads_ahead = 0  # reads issued before the previous sub-group's step (pipeline_read)
         self.prefetched = 0  # of which issued by prefetch(), before the step's gradient norm
         self.writes_deferred = 0  # writes left in flight past their sub-group's step (pipeline_write)
         self.trace: list[tuple[str, float, float, int]] | None = None  # a list: the update's intervals
         self._free: list[torch.Tensor] = []
-        self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): order index -> read
+        self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): unit index -> read
         self._slots = 1  # master + state tensors per buffer
-        self._stride = aligned_up(4 * max((hi - lo for b in self.bounds for lo, hi in b), default=0))
-        # with the gradients in files too (``_grad_swap``) each buffer starts with a region for a view's gradient
+        largest = max((self._span(u)[1] - self._span(u)[0] for u in self.units), default=0)
+        self._stride = aligned_up(4 * largest)
+        # with the gradients in files too (``_grad_swap``) each buffer starts with a region for a unit's gradient
         self.grads = grads
-        self._grad_bytes = (
-            grads.region_bytes(max((hi - lo for b in self.bounds for lo, hi in b), default=0)) if grads else 0
-        )
+        self._grad_bytes = grads.region_bytes(largest) if grads else 0
+
+    def _cut_units(self, unit_numel: int | None) -> list[tuple[int, int, int]]:
+        """Runs of consecutive views of one group, at most ``unit_numel`` elements each (at least one view)."""
+        units = []
+        for g, bounds in enumerate(self.bounds):
+            k0 = 0
+            for k in range(1, len(bounds) + 1):
+                if k == len(bounds) or unit_numel is None or bounds[k][1] - bounds[k0][0] > unit_numel:
+                    units.append((g, k0, k))
+                    k0 = k
+        return units
+
+    def _span(self, unit: tuple[int, int, int]) -> tuple[int, int]:
+        g, k0, k1 = unit
+        return self.bounds[g][k0][0], self.bounds[g][k1 - 1][1]
+
+    @property
+    def buffer_bytes(self) -> int:
+        """Bytes of one step buffer (a unit's gradient region, master and state)."""
+        return aligned_up(self._grad_bytes + self._stride * self._slots)
 
     # ------------------------------------------------------------------ files
     def _name(self, g: int, key: str) -> str:
@@ -197,7 +239,7 @@ class OptimizerSwap:
             return self._free.pop()
         if self.buffers_allocated < self.buffer_count:
             self.buffers_allocated += 1
-            buf = aligned_empty(self._grad_bytes + self._stride * self._slots)
+            buf = aligned_empty(self.buffer_bytes)
             if self.pin_memory:
                 buf = pinned(buf, "offload_optimizer.pin_memory")
             return buf
@@ -209,9 +251,10 @@ class OptimizerSwap:
         at = self._grad_bytes + j * self._stride
         return buf[at : at + numel * 4].view(torch.float32)
 
-    # ------------------------------------------------------------------ one view in and out
-    def _read(self, buf: torch.Tensor, g: int, k: int) -> list[IOHandle]:
-        lo, hi = self.bounds[g][k]
+    # ------------------------------------------------------------------ one unit in and out
+    def _read(self, buf: torch.Tensor, unit: tuple[int, int, int]) -> list[IOHandle]:
+        g = unit[0]
+        lo, hi = self._span(unit)
         names = [MASTER, *self.keys]
         handles = [
             self.io.read(self._path(g, key), lo * 4, self._slot(buf, j, hi - lo))
@@ -221,23 +264,33 @@ class OptimizerSwap:
             handles += self.grads.read_into(buf[: self._grad_bytes], g, lo, hi)
         return handles
 
-    def _attach(self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, g: int, k: int) -> None:
-        lo, hi = self.bounds[g][k]
+    def _attach(
+        self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, unit: tuple[int, int, int], k: int
+    ) -> None:
+        g = unit[0]
+        lo, hi = self._span(unit)
+        a, b = self.bounds[g][k]
         view = self.views[g][k]
-        view.data = self._slot(buf, 0, hi - lo)
+        view.data = self._slot(buf, 0, hi - lo)[a - lo : b - lo]
         state = optimizer.state.get(view)
         if state is not None:
             for j, key in enumerate(self.keys, start=1):
-                state[key] = self._slot(buf, j, hi - lo)
+                state[key] = self._slot(buf, j, hi - lo)[a - lo : b - lo]
 
-    def _write(self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, g: int, k: int) -> list[IOHandle]:
-        lo, hi = self.bounds[g][k]
-        view = self.views[g][k]
-        state = optimizer.state.get(view, {})
-        handles = [self.io.write(self._path(g, MASTER), lo * 4, view.data)]
-        for key in self.keys:
-            handles.append(self.io.write(self._path(g, key), lo * 4, state[key]))
-        return handles
+    def _write(self, buf: torch.Tensor, unit: tuple[int, int, int], keys: list[str]) -> list[IOHandle]:
+        """The unit's master and state ``keys``, as the step left them in ``buf``: one request per tensor."""
+        g = unit[0]
+        lo, hi = self._span(unit)
+        return [
+            self.io.write(self._path(g, key), lo * 4, self._slot(buf, j, hi - lo))
+            for j, key in enumerate([MASTER, *keys])
+        ]
+
+    def _write_first(self, optimizer: torch.optim.Optimizer, g: int, k: int) -> list[IOHandle]:
+        """The first step's state of view ``k``, written from the tensors the optimizer allocated itself."""
+        lo = self.bounds[g][k][0]
+        state = optimizer.state.get(self.views[g][k], {})
+        return [self.io.write(self._path(g, key), lo * 4, state[key]) for key in self.keys]
 
     def _detach(self, optimizer: torch.optim.Optimizer, g: int, k: int) -> None:
         view = self.views[g][k]
@@ -266,9 +319,6 @@ class OptimizerSwap:
         self._reserve_state(keys)
 
     # ------------------------------------------------------------------ the step
-    def _order(self) -> list[tuple[int, int]]:
-        return [(g, k) for g, vs in enumerate(self.views) for k in range(len(vs))]
-
     def prefetch(self) -> None:
         """With ``pipeline_read``: issue the reads of the first sub-groups (one per buffer) now, so that they
         run under the work that precedes the step (the gradient norm); ``step`` takes them over."""
@@ -276,13 +326,12 @@ class OptimizerSwap:
             self._drop_ahead()
         if not self.pipeline_read or self._ahead:
             return
-        order = self._order()
         writes: deque = deque()
-        for i in range(min(self.buffer_count, len(order))):
+        for i in range(min(self.buffer_count, len(self.units))):
             if not self._free and self.buffers_allocated >= self.buffer_count:
                 break
             buf = self._take_buffer(writes)
-            self._ahead[i] = (buf, self._read(buf, *order[i]))
+            self._ahead[i] = (buf, self._read(buf, self.units[i]))
             self.reads_ahead += 1
             self.prefetched += 1
 
@@ -303,53 +352,60 @@ class OptimizerSwap:
     ) -> None:
         """One optimizer step over every view, streamed; ``updated(g, lo, hi, master)`` sees each new master.
 
-        With ``grads`` (``GradSwap``) each view's gradient is read into its buffer with the master and state
+        With ``grads`` (``GradSwap``) each unit's gradient is read into its buffer with the master and state
         (the ``grads`` argument is then the files, unused here); else ``grads[g]`` is group ``g``'s in memory."""
-        order = self._order()
+        units = self.units
         reads, self._ahead = self._ahead, {}
         writes: deque = deque()  # (buffer, handle) in issue order
         scaled = ScaledGrad()
         first = not self.keys and not any(optimizer.state.get(v) for vs in self.views for v in vs)
-        for i, (g, k) in enumerate(order):
+        for i, unit in enumerate(units):
             if i not in reads:
                 buf = self._take_buffer(writes)
-                reads[i] = (buf, self._read(buf, g, k))
-            if self.pipeline_read:  # the next views' reads go out before this one steps
+                reads[i] = (buf, self._read(buf, unit))
+            if self.pipeline_read:  # the next units' reads go out before this one steps
                 while writes and writes[0][1].done():  # buffers whose writes finished are free again
                     done_buf, handle = writes.popleft()
                     handle.wait()
                     self._free.append(done_buf)
-                for j in range(i + 1, len(order)):
+                for j in range(i + 1, len(units)):
                     if j in reads:
                         continue
                     if not self._free and self.buffers_allocated >= self.buffer_count:
                         break
                     buf = self._take_buffer(writes)
-                    reads[j] = (buf, self._read(buf, *order[j]))
+                    reads[j] = (buf, self._read(buf, units[j]))
                     self.reads_ahead += 1
             buf, handles = reads.pop(i)
             for h in handles:
                 h.wait()
-            self._attach(optimizer, buf, g, k)
-            lo, hi = self.bounds[g][k]
-            view = self.views[g][k]
-            if self.grads is not None:  # read into this buffer with the master and state
-                grad = self.grads.region_view(buf[: self._grad_bytes], g, lo, hi)
-            else:
-                grad = grads[g][lo:hi]
-            view.grad = scaled(grad, inv_scale, view.device)
-            t0 = time.perf_counter()
-            optimizer.step()
-            if self.trace is not None:
-                self.trace.append(("update", t0, time.perf_counter(), hi - lo))
-            view.grad = None
-            updated(g, lo, hi, view.data)
-            if first and i == 0:
-                self._learn_keys(optimizer, g, k)
-            handle = _Joined(self._write(optimizer, buf, g, k))
-            if first:  # state tensors the optimizer allocated itself: written from where they are
+            g, k0, k1 = unit
+            lo, hi = self._span(unit)
+            region = (
+                self.grads.region_view(buf[: self._grad_bytes], g, lo, hi) if self.grads is not None else None
+            )
+            first_writes: list[IOHandle] = []
+            for k in range(k0, k1):
+                self._attach(optimizer, buf, unit, k)
+                a, b = self.bounds[g][k]
+                view = self.views[g][k]
+                grad = region[a - lo : b - lo] if region is not None else grads[g][a:b]
+                view.grad = scaled(grad, inv_scale, view.device)
+                t0 = time.perf_counter()
+                optimizer.step()
+                if self.trace is not None:
+                    self.trace.append(("update", t0, time.perf_counter(), b - a))
+                view.grad = None
+                updated(g, a, b, view.data)
+                if first:  # state tensors the optimizer allocated itself: written from where they are
+                    if i == 0 and k == k0:
+                        self._learn_keys(optimizer, g, k)
+                    first_writes += self._write_first(optimizer, g, k)
+            handle = _Joined(self._write(buf, unit, [] if first else self.keys) + first_writes)
+            if first:
                 handle.wait()
-                self._detach(optimizer, g, k)
+                for k in range(k0, k1):
+                    self._detach(optimizer, g, k)
                 self._free.append(buf)
                 continue
             if self.pipeline_write:
@@ -357,7 +413,8 @@ class OptimizerSwap:
             else:
                 handle.wait()
             writes.append((buf, handle))
-            self._detach(optimizer, g, k)
+            for k in range(k0, k1):
+                self._detach(optimizer, g, k)
         while writes:
             buf, handle = writes.popleft()
             handle.wait()
