@@ -16,7 +16,7 @@ import _nvme_workers as nw
 import pytest
 import torch
 from ds_zero._aio import AioOptions, AsyncFileIO, aligned_empty
-from rank_testing import spawn
+from rank_testing import live_storage_bytes, spawn
 
 MIB = 1 << 20
 
@@ -136,9 +136,13 @@ def test_the_step_moves_a_sub_group_in_one_request_per_tensor(tmp_path):
         swap.init_masters(lambda g, lo, hi: init[lo:hi])
         calls, seen = [], []
         for grad in grads:
-            before = io.stats.calls
+            before, live = io.stats.calls, live_storage_bytes()
             swap.step(opt, [grad], 1.0, lambda g, lo, hi, master: seen.append((lo, hi, master.clone())))
             calls.append(io.stats.calls - before)
+            # the buffers are released when the step ends (what stays: the views' new masters seen above)
+            # (and the first step's scalar state: Adam's ``step``, 4 bytes a view)
+            assert 0 <= live_storage_bytes() - live - count * n * 4 < 1024 and swap.buffers_allocated == 0
+            seen[:] = seen[-count:]
         with swap.resident(opt, write=False) as masters:
             out = masters[0].clone()
         io.close()
@@ -218,6 +222,7 @@ def test_buffer_count_and_pipelines(run):
     for r in run:
         plain, piped = r["runs"]["float32/plain"], r["runs"]["float32/pipelined"]
         assert plain["buffers_allocated"] == 1 and piped["buffers_allocated"] == 3
+        assert plain["buffers_alive_after"] == piped["buffers_alive_after"] == 0, "released after each step"
         assert plain["reads_ahead"] == 0 and piped["reads_ahead"] > 0, "pipeline_read reads ahead"
         # pipeline_read: each of the 3 steps issues its first sub-groups' reads (one per buffer) before the norm
         assert plain["prefetched"] == 0 and piped["prefetched"] == 3 * min(3, piped["views"])

@@ -234,6 +234,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             self.swap.prefetch()
         divisor = self._begin_step(self._global_norm_sq(grads))
         if divisor is None:
+            if self.swap is not None:
+                self.swap.drop_prefetched()
             return False
         if self.swap is not None:  # masters and state streamed through the swap buffers
             self.swap.step(self.optimizer, grads, 1.0 / divisor, self._master_updated)

@@ -17,7 +17,9 @@ memory (each buffer holds one) and move their bytes in fewer, longer transfers, 
 faster (docs/benchmarks.md, "Swap units of sub_group_size"). ``pipeline_read`` issues the reads of the
 next sub-groups (as many as free buffers allow) before stepping the current one; ``pipeline_write`` leaves
 a buffer's write in flight while the next sub-groups step (it is waited for when the buffer is needed
-again, or at the end of the step). Without them each read and write is waited for where it is issued. ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
+again, or at the end of the step). Without them each read and write is waited for where it is issued. The buffers live from the step's first read (``prefetch``) to its end: between steps memory holds none
+of them (held, the 2.8 GB of a 1B model's four 48M-element sub-groups slowed the next forward+backward by
+3-4 s, docs/benchmarks.md "Swap units of sub_group_size"). ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
 where an accelerator makes that possible: on a CPU-only machine it is a no-op, said once in the log).
 
 The partition gradients are in files too (``g{g}.grad.bin``, ``GradSwap`` in ``_grad_swap``): each buffer
@@ -177,7 +179,8 @@ class OptimizerSwap:
                 lo += v.numel()
         self.numels = [b[-1][1] if b else 0 for b in self.bounds]
         self.units = self._cut_units(unit_numel)  # (g, first view, end view): what one buffer holds
-        self.buffers_allocated = 0  # observed by the tests: never above buffer_count
+        self.buffers_allocated = 0  # alive now (observed by the tests: never above buffer_count)
+        self.peak_buffers = 0  # the most alive at once
         self.reads_ahead = 0  # reads issued before the previous sub-group's step (pipeline_read)
         self.prefetched = 0  # of which issued by prefetch(), before the step's gradient norm
         self.writes_deferred = 0  # writes left in flight past their sub-group's step (pipeline_write)
@@ -239,6 +242,7 @@ class OptimizerSwap:
             return self._free.pop()
         if self.buffers_allocated < self.buffer_count:
             self.buffers_allocated += 1
+            self.peak_buffers = max(self.peak_buffers, self.buffers_allocated)
             buf = aligned_empty(self.buffer_bytes)
             if self.pin_memory:
                 buf = pinned(buf, "offload_optimizer.pin_memory")
@@ -323,7 +327,7 @@ class OptimizerSwap:
         """With ``pipeline_read``: issue the reads of the first sub-groups (one per buffer) now, so that they
         run under the work that precedes the step (the gradient norm); ``step`` takes them over."""
         if self.grads is not None and self._ahead:  # read before a skipped step: those gradients are gone
-            self._drop_ahead()
+            self.drop_prefetched()
         if not self.pipeline_read or self._ahead:
             return
         writes: deque = deque()
@@ -335,12 +339,13 @@ class OptimizerSwap:
             self.reads_ahead += 1
             self.prefetched += 1
 
-    def _drop_ahead(self) -> None:
-        """Prefetched reads are of the files as they were: dropped (waited, buffers freed) before a change."""
-        for buf, handles in self._ahead.values():
+    def drop_prefetched(self) -> None:
+        """Prefetched reads are of the files as they were: dropped (waited, their buffers released) before a
+        change of the files, or when the step they were for is skipped."""
+        for _buf, handles in self._ahead.values():
             for h in handles:
                 h.wait()
-            self._free.append(buf)
+        self.buffers_allocated -= len(self._ahead)
         self._ahead = {}
 
     def step(
@@ -416,12 +421,9 @@ class OptimizerSwap:
             for k in range(k0, k1):
                 self._detach(optimizer, g, k)
         while writes:
-            buf, handle = writes.popleft()
-            handle.wait()
-            self._free.append(buf)
-        if self._slots != 1 + len(self.keys):  # the first step's buffers held the master only
-            self._slots = 1 + len(self.keys)
-            self._free, self.buffers_allocated = [], 0
+            writes.popleft()[1].wait()
+        self._slots = 1 + len(self.keys)  # the first step's buffers held the master only
+        self._free, self.buffers_allocated = [], 0  # released: between steps memory holds none
 
     # ------------------------------------------------------------------ ranges and whole state
     def read_range(self, g: int, key: str, lo: int, hi: int) -> torch.Tensor:
@@ -433,7 +435,7 @@ class OptimizerSwap:
 
     def write_range(self, g: int, key: str, lo: int, hi: int, values: torch.Tensor) -> None:
         self._check_key(key)
-        self._drop_ahead()
+        self.drop_prefetched()
         self.io.write(self._path(g, key), lo * 4, values.to(torch.float32).contiguous()).wait()
 
     def _check_key(self, key: str) -> None:
@@ -446,7 +448,7 @@ class OptimizerSwap:
     def resident(self, optimizer: torch.optim.Optimizer, *, write: bool) -> Iterator[list[torch.Tensor]]:
         """Every group's master and state whole in memory (a checkpoint save or load) while inside; with
         ``write`` they are written back to the files on exit."""
-        self._drop_ahead()
+        self.drop_prefetched()
         masters = []
         states: list[dict[str, torch.Tensor]] = []
         for g, n in enumerate(self.numels):
@@ -484,7 +486,6 @@ class OptimizerSwap:
         """A load gave the optimizer state before any step: learn its keys (and make their files)."""
         self._learn_keys(optimizer, 0, 0)
         self._slots = 1 + len(self.keys)
-        self._free, self.buffers_allocated = [], 0
 
 
 class _Joined:
