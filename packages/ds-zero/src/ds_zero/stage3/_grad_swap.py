@@ -92,9 +92,8 @@ class GradSwap:
         self.read_adds = 0  # ranges accumulated by a read-add-write (observed by the tests)
         self.bytes_written = self.bytes_read = 0  # through the gradient files (observed by the tests)
         self.norm_bytes_read = 0  # of which read back for the norm (pieces without a norm from backward)
-        self.track_norms = (
-            True  # take the pieces' norms as they are written (off: not a step's last micro-step)
-        )
+        # take the pieces' norms as they are written (off: a micro-step that is not its window's last)
+        self.track_norms = True
         self.norms: list[dict[tuple[int, int], torch.Tensor]] = [{} for _ in self.numels]  # piece -> norm
         self._partial: dict[tuple[int, int, int], tuple[torch.Tensor, list[tuple[int, int]]]] = {}
         self._scratch: dict[torch.dtype, torch.Tensor] = {}  # norm_of's cast buffer

@@ -17,10 +17,12 @@ memory (each buffer holds one) and move their bytes in fewer, longer transfers, 
 faster (docs/benchmarks.md, "Swap units of sub_group_size"). ``pipeline_read`` issues the reads of the
 next sub-groups (as many as free buffers allow) before stepping the current one; ``pipeline_write`` leaves
 a buffer's write in flight while the next sub-groups step (it is waited for when the buffer is needed
-again, or at the end of the step). Without them each read and write is waited for where it is issued. The buffers live from the step's first read (``prefetch``) to its end: between steps memory holds none
-of them (held, the 2.8 GB of a 1B model's four 48M-element sub-groups slowed the next forward+backward by
-3-4 s, docs/benchmarks.md "Swap units of sub_group_size"). ``pin_memory`` allocates the buffers page-locked (``torch.Tensor.pin_memory``; only
-where an accelerator makes that possible: on a CPU-only machine it is a no-op, said once in the log).
+again, or at the end of the step). Without them each read and write is waited for where it is issued.
+The buffers live from the step's first read (``prefetch``) to its end: between steps memory holds none of
+them (held, the 2.6 GB of a 1B model's four 46M-element sub-groups slowed the next forward+backward by 3-4
+s, docs/benchmarks.md "Swap units of sub_group_size"). ``pin_memory`` allocates the buffers page-locked
+(``torch.Tensor.pin_memory``; only where an accelerator makes that possible: on a CPU-only machine it is a
+no-op, said once in the log).
 
 The partition gradients are in files too (``g{g}.grad.bin``, ``GradSwap`` in ``_grad_swap``): each buffer
 starts with a region the step reads the sub-group's gradient into, with its master and state.
@@ -64,9 +66,8 @@ __all__ = ["SWAP_UNIT_MAX", "NvmeSpaceError", "OptimizerSwap", "SwapFolder", "sw
 logger = logging.getLogger("ds_zero")
 
 MASTER = "master"
-SWAP_UNIT_MAX = (
-    1 << 26
-)  # elements per swapped sub-group at most (~0.9 GB a buffer with Adam and bf16 gradients)
+# elements per swapped sub-group at most (~0.9 GB a buffer with Adam and bf16 gradients)
+SWAP_UNIT_MAX = 1 << 26
 
 
 def swap_unit(sub_group_size: int) -> int:
