@@ -326,9 +326,8 @@ class OptimizerSwap:
     # ------------------------------------------------------------------ the step
     def prefetch(self) -> None:
         """With ``pipeline_read``: issue the reads of the first sub-groups (one per buffer) now, so that they
-        run under the work that precedes the step (the gradient norm); ``step`` takes them over."""
-        if self.grads is not None and self._ahead:  # read before a skipped step: those gradients are gone
-            self.drop_prefetched()
+        run under the work that precedes the step (the gradient norm's all-reduce, the overflow check);
+        ``step`` takes them over, a skipped step drops them (``drop_prefetched``)."""
         if not self.pipeline_read or self._ahead:
             return
         writes: deque = deque()
