@@ -108,10 +108,10 @@ def test_overlap_events_returns_before_completion(tmp_path, quiet_gil, overlap):
     io.close()
 
 
-def test_the_step_moves_a_sub_group_in_one_request_per_tensor(tmp_path):
+def test_the_step_reads_a_sub_group_a_view_at_a_time_and_writes_it_in_one_request_per_tensor(tmp_path):
     """``OptimizerSwap`` with 10 views of 1024 elements and ``unit_numel`` 4096: sub-groups of 4, 4 and 2
-    views, each read and written with one request per tensor (master, exp_avg, exp_avg_sq), and Adam's
-    result bit for bit that of the views in memory."""
+    views, each read with one request per view and tensor (master, exp_avg, exp_avg_sq) and written with
+    one request per tensor, and Adam's result bit for bit that of the views in memory."""
     from ds_zero.stage3._swap import OptimizerSwap, SwapFolder
 
     n, count = 1024, 10
@@ -159,9 +159,9 @@ def test_the_step_moves_a_sub_group_in_one_request_per_tensor(tmp_path):
     out, calls, seen, swap = swapped(4 * n)
     assert swap.units == [(0, 0, 4), (0, 4, 8), (0, 8, 10)]
     assert torch.equal(out, expected)
-    # the first step: the master in and out a sub-group at a time, the new moments a view at a time; then
-    # 3 tensors each way per sub-group
-    assert calls == [3 + 3 + 2 * count, 3 * 6, 3 * 6]
+    # the first step: the master in a view at a time and out a sub-group at a time, the new moments out a
+    # view at a time; then 3 tensors in a view at a time and out a sub-group at a time
+    assert calls == [count + 3 + 2 * count, 3 * count + 3 * 3, 3 * count + 3 * 3]
     assert [(lo, hi) for lo, hi, _ in seen[-count:]] == [(i * n, (i + 1) * n) for i in range(count)]
     assert torch.equal(torch.cat([m for _, _, m in seen[-count:]]), expected), "each view's new master"
     assert swap.buffer_bytes == 3 * 4 * 4 * n
@@ -230,6 +230,64 @@ def test_buffer_count_and_pipelines(run):
         assert piped["writes_deferred"] == 2 * piped["views"], (
             "pipeline_write: every write after the first step"
         )
+
+
+class _HeldReads(AsyncFileIO):
+    """Real reads, except that those of the master file at or past byte ``hold_from`` wait for ``release``."""
+
+    def __init__(self, hold_from: int) -> None:
+        super().__init__(AioOptions(block_size=1 << 30))
+        import threading
+
+        self.hold_from, self.release = hold_from, threading.Event()
+
+    def _io(self, f, piece, offset: int, write: bool) -> None:
+        if not write and f.path.endswith("master.bin") and offset >= self.hold_from:
+            if not self.release.wait(20):
+                raise TimeoutError("a later view's read was held and nothing stepped the first view")
+        super()._io(f, piece, offset, write)
+
+
+def test_a_view_steps_while_its_sub_groups_later_views_are_read(tmp_path):
+    """The step of a sub-group's first view does not wait for the reads of its later views: with every
+    master read past the first view held until the inner optimizer has stepped once, the step completes
+    (waiting for the whole sub-group first, it would wait for a read that waits for it) and Adam's result
+    is that of the views in memory."""
+    from ds_zero.stage3._swap import OptimizerSwap, SwapFolder
+
+    n, count = 1024, 4
+    init = torch.randn(n * count, generator=torch.Generator().manual_seed(0))
+    grads = [torch.randn(n * count, generator=torch.Generator().manual_seed(s)) for s in (1, 2)]
+    views = [init[i * n : (i + 1) * n].clone().requires_grad_(True) for i in range(count)]
+    io = _HeldReads(hold_from=n * 4)
+
+    class Adam(torch.optim.Adam):
+        def step(self, closure=None):
+            io.release.set()
+            return super().step(closure)
+
+    opt = Adam(views, lr=1e-2)
+    folder = SwapFolder(str(tmp_path), 0, "offload_optimizer")
+    swap = OptimizerSwap(
+        folder, io, [views], buffer_count=1, pipeline_read=False, pipeline_write=False, pin_memory=False,
+        unit_numel=count * n,
+    )  # fmt: skip
+    swap.init_masters(lambda g, lo, hi: init[lo:hi])
+    assert swap.units == [(0, 0, count)]
+    for grad in grads:
+        io.release.clear()
+        swap.step(opt, [grad], 1.0, lambda g, lo, hi, master: None)
+    with swap.resident(opt, write=False) as masters:
+        out = masters[0].clone()
+    io.close()
+
+    ref = [init[i * n : (i + 1) * n].clone().requires_grad_(True) for i in range(count)]
+    ref_opt = torch.optim.Adam(ref, lr=1e-2)
+    for grad in grads:
+        for i, v in enumerate(ref):
+            v.grad = grad[i * n : (i + 1) * n].clone()
+        ref_opt.step()
+    assert torch.equal(out, torch.cat([v.detach() for v in ref]))
 
 
 def test_a_sub_group_of_several_views_is_read_and_written_whole(run):

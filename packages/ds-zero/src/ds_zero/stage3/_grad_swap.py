@@ -200,9 +200,10 @@ class GradSwap:
         """Bytes of a region of a step buffer that holds any range of ``numel`` elements of any group."""
         return aligned_up(numel * max((d.itemsize for d in self.dtypes), default=1) + ALIGN)
 
-    def read_into(self, region: torch.Tensor, g: int, lo: int, hi: int) -> list[IOHandle]:
-        """Issue the read of ``[lo, hi)`` into ``region`` (aligned, ``region_bytes`` long)."""
-        return self._transfer(g, region, lo, lo, hi, False)
+    def read_into(self, region: torch.Tensor, g: int, lo: int, a: int, b: int) -> list[IOHandle]:
+        """Issue the read of ``[a, b)`` into ``region`` (aligned, ``region_bytes`` long), which stages a range
+        starting at ``lo`` (``region_view(region, g, lo, hi)`` shows it once every part is read)."""
+        return self._transfer(g, region, lo, a, b, False)
 
     def region_view(self, region: torch.Tensor, g: int, lo: int, hi: int) -> torch.Tensor:
         """The gradient ``read_into`` put in ``region``, in the group's dtype (once its handles are waited)."""

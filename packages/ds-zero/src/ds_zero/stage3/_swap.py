@@ -7,10 +7,13 @@ state tensor of the inner optimizer (Adam's ``exp_avg``, ``exp_avg_sq``); per-vi
 emptied when a run starts, so a new run never reads an old run's swap files as state (the decision in
 spec/decisions.md "ZeRO stage 3"); checkpoints stay ds's portable format.
 
-The step streams the sub-groups through ``buffer_count`` buffers: a sub-group's master and state are read
-into a buffer (one request per tensor), the inner optimizer steps it a view at a time (the views of at most
-``STEP_PIECE`` elements that bound its temporaries, see ``_subgroups``), each view's updated master is
-copied into the weight partition, and the buffer is written back (again one request per tensor). A
+The step streams the sub-groups through ``buffer_count`` buffers: a sub-group's master, state and gradient
+are read into a buffer, the inner optimizer steps it a view at a time (the views of at most ``STEP_PIECE``
+elements that bound its temporaries, see ``_subgroups``), each view's updated master is copied into the
+weight partition, and the buffer is written back (one request per tensor). The reads are issued all at once,
+a view at a time in the order the step takes them, and each view steps as soon as its own bytes are in, so
+the inner optimizer computes while the disk reads the sub-group's later views (within one sub-group: what
+``pipeline_read`` adds is reading the next sub-groups). A
 sub-group here is what DeepSpeed swaps at once: consecutive views of one group, ``sub_group_size``
 elements at most (capped at ``SWAP_UNIT_MAX``, and never less than one view): larger sub-groups cost
 memory (each buffer holds one) and move their bytes in fewer, longer transfers, which this disk serves
@@ -56,7 +59,7 @@ class GradRegions(Protocol):
 
     def region_bytes(self, numel: int) -> int: ...
 
-    def read_into(self, region: torch.Tensor, g: int, lo: int, hi: int) -> list[IOHandle]: ...
+    def read_into(self, region: torch.Tensor, g: int, lo: int, a: int, b: int) -> list[IOHandle]: ...
 
     def region_view(self, region: torch.Tensor, g: int, lo: int, hi: int) -> torch.Tensor: ...
 
@@ -257,17 +260,23 @@ class OptimizerSwap:
         return buf[at : at + numel * 4].view(torch.float32)
 
     # ------------------------------------------------------------------ one unit in and out
-    def _read(self, buf: torch.Tensor, unit: tuple[int, int, int]) -> list[IOHandle]:
-        g = unit[0]
+    def _read(self, buf: torch.Tensor, unit: tuple[int, int, int]) -> list[list[IOHandle]]:
+        """Issue the reads of a unit, a view at a time in the order the step takes them (each view's master,
+        state and gradient, then the next view's): the handles of each view, so that a view steps as soon
+        as its own bytes are in while the disk reads the unit's later views."""
+        g, k0, k1 = unit
         lo, hi = self._span(unit)
-        names = [MASTER, *self.keys]
-        handles = [
-            self.io.read(self._path(g, key), lo * 4, self._slot(buf, j, hi - lo))
-            for j, key in enumerate(names)
-        ]
-        if self.grads is not None:
-            handles += self.grads.read_into(buf[: self._grad_bytes], g, lo, hi)
-        return handles
+        slots = [self._slot(buf, j, hi - lo) for j in range(1 + len(self.keys))]
+        per_view = []
+        for a, b in self.bounds[g][k0:k1]:
+            handles = [
+                self.io.read(self._path(g, key), a * 4, slot[a - lo : b - lo])
+                for key, slot in zip([MASTER, *self.keys], slots)
+            ]
+            if self.grads is not None:
+                handles += self.grads.read_into(buf[: self._grad_bytes], g, lo, a, b)
+            per_view.append(handles)
+        return per_view
 
     def _attach(
         self, optimizer: torch.optim.Optimizer, buf: torch.Tensor, unit: tuple[int, int, int], k: int
@@ -342,9 +351,10 @@ class OptimizerSwap:
     def drop_prefetched(self) -> None:
         """Prefetched reads are of the files as they were: dropped (waited, their buffers released) before a
         change of the files, or when the step they were for is skipped."""
-        for _buf, handles in self._ahead.values():
-            for h in handles:
-                h.wait()
+        for _buf, per_view in self._ahead.values():
+            for handles in per_view:
+                for h in handles:
+                    h.wait()
         self.buffers_allocated -= len(self._ahead)
         self._ahead = {}
 
@@ -381,9 +391,7 @@ class OptimizerSwap:
                     buf = self._take_buffer(writes)
                     reads[j] = (buf, self._read(buf, units[j]))
                     self.reads_ahead += 1
-            buf, handles = reads.pop(i)
-            for h in handles:
-                h.wait()
+            buf, per_view = reads.pop(i)
             g, k0, k1 = unit
             lo, hi = self._span(unit)
             region = (
@@ -391,6 +399,8 @@ class OptimizerSwap:
             )
             first_writes: list[IOHandle] = []
             for k in range(k0, k1):
+                for h in per_view[k - k0]:  # this view's bytes; the disk goes on with the later views'
+                    h.wait()
                 self._attach(optimizer, buf, unit, k)
                 a, b = self.bounds[g][k]
                 view = self.views[g][k]
