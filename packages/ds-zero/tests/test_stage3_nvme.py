@@ -232,49 +232,6 @@ def test_buffer_count_and_pipelines(run):
         )
 
 
-class _Requests(AsyncFileIO):
-    """Real transfers; the memory address each request starts at is kept."""
-
-    def __init__(self) -> None:
-        super().__init__(AioOptions())
-        self.addresses: list[int] = []
-
-    def _submit(self, path: str, offset: int, t: torch.Tensor, *, write: bool):
-        self.addresses.append(t.data_ptr())
-        return super()._submit(path, offset, t, write=write)
-
-
-def test_large_buffers_and_the_steps_transfers_start_at_2_MiB_boundaries(tmp_path):
-    """O_DIRECT from memory aligned to 4 KiB only was 20-30% slower on this disk (docs/benchmarks.md):
-    ``aligned_empty`` puts buffers of 2 MiB or more at a 2 MiB boundary, and the step's buffers lay out
-    each tensor's slot so that every read and write of a view starts at one."""
-    from ds_zero._aio import BUFFER_ALIGN
-    from ds_zero.stage3._swap import OptimizerSwap, SwapFolder
-
-    assert all(aligned_empty(BUFFER_ALIGN + 4096 * i).data_ptr() % BUFFER_ALIGN == 0 for i in range(8))
-    small = aligned_empty(8192)
-    assert small.data_ptr() % 4096 == 0 and small.numel() == 8192
-
-    n = 1 << 20  # views of 4 MiB, 4 MiB and 4 KiB in one sub-group: tensor slots of 8 MiB + 4 KiB, rounded up
-    sizes = [n, n, 1024]
-    init = torch.randn(sum(sizes), generator=torch.Generator().manual_seed(0))
-    views = [t.clone().requires_grad_(True) for t in init.split(sizes)]
-    opt = torch.optim.Adam(views, lr=1e-2)
-    io = _Requests()
-    swap = OptimizerSwap(
-        SwapFolder(str(tmp_path), 0, "offload_optimizer"), io, [views], buffer_count=1, pipeline_read=False,
-        pipeline_write=False, pin_memory=False, unit_numel=sum(sizes),
-    )  # fmt: skip
-    swap.init_masters(lambda g, lo, hi: init[lo:hi])
-    for seed in (1, 2, 3):  # the first step writes the moments from where Adam allocated them: not checked
-        io.addresses.clear()
-        swap.step(opt, [torch.randn(sum(sizes), generator=torch.Generator().manual_seed(seed))], 1.0,
-                  lambda g, lo, hi, master: None)  # fmt: skip
-    assert len(io.addresses) == 3 * 3 + 3  # each view's 3 reads, the sub-group's 3 writes
-    assert [a % BUFFER_ALIGN for a in io.addresses] == [0] * len(io.addresses)
-    io.close()
-
-
 class _HeldReads(AsyncFileIO):
     """Real reads, except that those of the master file at or past byte ``hold_from`` wait for ``release``."""
 

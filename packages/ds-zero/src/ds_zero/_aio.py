@@ -40,7 +40,6 @@ import torch
 
 __all__ = [
     "ALIGN",
-    "BUFFER_ALIGN",
     "AioOptions",
     "AsyncFileIO",
     "IOHandle",
@@ -49,19 +48,12 @@ __all__ = [
     "aligned_empty",
     "aligned_spans",
     "aligned_up",
-    "buffer_aligned_up",
     "pinned",
 ]
 
 ALIGN = (
     4096  # O_DIRECT alignment of buffer address, file offset and length (the page size covers 512-byte disks)
 )
-
-
-# where a large transfer buffer starts: O_DIRECT transfers to and from memory aligned to 4 KiB only ran
-# 20-30% slower on this machine's disk than from 64 KiB, 1 MiB or 2 MiB boundaries (docs/benchmarks.md,
-# "Buffers at 2 MiB boundaries"); a buffer of at least this size pays at most this much more
-BUFFER_ALIGN = 1 << 21
 
 
 def aligned_up(n: int) -> int:
@@ -110,19 +102,11 @@ class IOStats:
     threads: set[int] = field(default_factory=set)
 
 
-def buffer_aligned_up(n: int) -> int:
-    """``n`` rounded up to a multiple of ``BUFFER_ALIGN`` when it is that large, else of ``ALIGN``: the size
-    of a region inside a buffer, so that the next region starts where a large one should."""
-    return -(-n // BUFFER_ALIGN) * BUFFER_ALIGN if n >= BUFFER_ALIGN else aligned_up(n)
-
-
 def aligned_empty(nbytes: int) -> torch.Tensor:
-    """A uint8 tensor of ``nbytes`` (rounded up to ``ALIGN``) whose address is ``ALIGN``-aligned, and
-    ``BUFFER_ALIGN``-aligned when it is at least that large."""
+    """A uint8 tensor of ``nbytes`` (rounded up to ``ALIGN``) whose address is ``ALIGN``-aligned."""
     n = aligned_up(nbytes)
-    align = BUFFER_ALIGN if n >= BUFFER_ALIGN else ALIGN
-    raw = torch.empty(n + align, dtype=torch.uint8)
-    skip = (-raw.data_ptr()) % align
+    raw = torch.empty(n + ALIGN, dtype=torch.uint8)
+    skip = (-raw.data_ptr()) % ALIGN
     return raw[skip : skip + n]
 
 

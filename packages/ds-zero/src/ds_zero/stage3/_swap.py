@@ -48,7 +48,7 @@ from typing import Protocol
 
 import torch
 
-from .._aio import AsyncFileIO, IOHandle, aligned_empty, aligned_up, buffer_aligned_up, pinned
+from .._aio import AsyncFileIO, IOHandle, aligned_empty, aligned_up, pinned
 from .._errors import ZeroConfigError
 from ._subgroups import ScaledGrad
 from ._swap_folders import hold_marker, remove_vanished_ranks
@@ -193,10 +193,10 @@ class OptimizerSwap:
         self._ahead: dict[int, tuple[torch.Tensor, list[IOHandle]]] = {}  # prefetch(): unit index -> read
         self._slots = 1  # master + state tensors per buffer
         largest = max((self._span(u)[1] - self._span(u)[0] for u in self.units), default=0)
-        self._stride = buffer_aligned_up(4 * largest)  # each tensor's slot starts where a large buffer does
+        self._stride = aligned_up(4 * largest)
         # with the gradients in files too (``_grad_swap``) each buffer starts with a region for a unit's gradient
         self.grads = grads
-        self._grad_bytes = buffer_aligned_up(grads.region_bytes(largest)) if grads else 0
+        self._grad_bytes = grads.region_bytes(largest) if grads else 0
 
     def _cut_units(self, unit_numel: int | None) -> list[tuple[int, int, int]]:
         """Runs of consecutive views of one group, at most ``unit_numel`` elements each (at least one view)."""
