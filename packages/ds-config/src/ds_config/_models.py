@@ -428,10 +428,11 @@ class ZeroConfig(_Section):
         ge=1,
         description=(
             "Stage 3: the optimizer steps the partition in sub-groups of this many elements. With "
-            "offload_optimizer.device 'nvme' a sub-group is also what one swap buffer holds and moves in one "
-            "request per tensor (master, moments, gradient): the buffers take buffer_count x sub-group x (12 + "
-            "gradient bytes) during a step, and larger sub-groups read and write faster (docs/benchmarks.md "
-            "\"Swap units of sub_group_size\"); capped at 2^26 elements there (said in the log)."
+            "offload_optimizer.device 'nvme' a sub-group is also what one swap buffer holds: read a view at a "
+            "time (each stepped once its bytes are in) and written in one request per tensor (master, moments); "
+            "the buffers take buffer_count x sub-group x (12 + gradient bytes) during a step, and larger "
+            "sub-groups read and write faster (docs/benchmarks.md \"Swap units of sub_group_size\"); capped at "
+            "2^26 elements there (said in the log)."
         ),
     )
     stage3_gather_16bit_weights_on_model_save: JsonBool = Field(
