@@ -11,6 +11,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 
 import _nvme_workers as nw
 import pytest
@@ -108,6 +109,17 @@ def test_overlap_events_returns_before_completion(tmp_path, quiet_gil, overlap):
     io.close()
 
 
+def _adam_in_memory(init: torch.Tensor, grads: list[torch.Tensor], n: int, count: int) -> torch.Tensor:
+    """Adam (lr 1e-2) over ``count`` views of ``n`` elements of ``init`` in memory, a step per gradient."""
+    views = [init[i * n : (i + 1) * n].clone().requires_grad_(True) for i in range(count)]
+    opt = torch.optim.Adam(views, lr=1e-2)
+    for grad in grads:
+        for i, v in enumerate(views):
+            v.grad = grad[i * n : (i + 1) * n].clone()
+        opt.step()
+    return torch.cat([v.detach() for v in views])
+
+
 def test_the_step_reads_a_sub_group_a_view_at_a_time_and_writes_it_in_one_request_per_tensor(tmp_path):
     """``OptimizerSwap`` with 10 views of 1024 elements and ``unit_numel`` 4096: sub-groups of 4, 4 and 2
     views, each read with one request per view and tensor (master, exp_avg, exp_avg_sq) and written with
@@ -148,13 +160,7 @@ def test_the_step_reads_a_sub_group_a_view_at_a_time_and_writes_it_in_one_reques
         io.close()
         return out, calls, seen, swap
 
-    views = [init[i * n : (i + 1) * n].clone().requires_grad_(True) for i in range(count)]
-    opt = torch.optim.Adam(views, lr=1e-2)
-    for grad in grads:
-        for i, v in enumerate(views):
-            v.grad = grad[i * n : (i + 1) * n].clone()
-        opt.step()
-    expected = torch.cat([v.detach() for v in views])
+    expected = _adam_in_memory(init, grads, n, count)
 
     out, calls, seen, swap = swapped(4 * n)
     assert swap.units == [(0, 0, 4), (0, 4, 8), (0, 8, 10)]
@@ -237,8 +243,6 @@ class _HeldReads(AsyncFileIO):
 
     def __init__(self, hold_from: int) -> None:
         super().__init__(AioOptions(block_size=1 << 30))
-        import threading
-
         self.hold_from, self.release = hold_from, threading.Event()
 
     def _io(self, f, piece, offset: int, write: bool) -> None:
@@ -281,18 +285,13 @@ def test_a_view_steps_while_its_sub_groups_later_views_are_read(tmp_path):
         out = masters[0].clone()
     io.close()
 
-    ref = [init[i * n : (i + 1) * n].clone().requires_grad_(True) for i in range(count)]
-    ref_opt = torch.optim.Adam(ref, lr=1e-2)
-    for grad in grads:
-        for i, v in enumerate(ref):
-            v.grad = grad[i * n : (i + 1) * n].clone()
-        ref_opt.step()
-    assert torch.equal(out, torch.cat([v.detach() for v in ref]))
+    assert torch.equal(out, _adam_in_memory(init, grads, n, count))
 
 
 def test_a_sub_group_of_several_views_is_read_and_written_whole(run):
-    """``sub_group_size`` (24) above the views (8 elements, STEP_PIECE patched): a buffer holds 3 views and
-    moves them in one request per tensor; the weights match (test_losses_match_...["*/nvme-units"])."""
+    """``sub_group_size`` (24) above the views (8 elements, STEP_PIECE patched): a buffer holds 3 views (read
+    a view at a time, written in one request per tensor); the weights match
+    (test_losses_match_...["*/nvme-units"])."""
     for r in run:
         units, plain = r["runs"]["float32/units"], r["runs"]["float32/plain"]
         assert units["units"] == plain["views"] < units["views"]
