@@ -260,10 +260,10 @@ class OptimizerSwap:
         return buf[at : at + numel * 4].view(torch.float32)
 
     # ------------------------------------------------------------------ one unit in and out
-    def _read(self, buf: torch.Tensor, unit: tuple[int, int, int]) -> list[list[IOHandle]]:
+    def _read(self, buf: torch.Tensor, unit: tuple[int, int, int]) -> list[_Joined]:
         """Issue the reads of a unit, a view at a time in the order the step takes them (each view's master,
-        state and gradient, then the next view's): the handles of each view, so that a view steps as soon
-        as its own bytes are in while the disk reads the unit's later views."""
+        state and gradient, then the next view's): one handle per view, so that a view steps as soon as its
+        own bytes are in while the disk reads the unit's later views."""
         g, k0, k1 = unit
         lo, hi = self._span(unit)
         slots = [self._slot(buf, j, hi - lo) for j in range(1 + len(self.keys))]
@@ -275,7 +275,7 @@ class OptimizerSwap:
             ]
             if self.grads is not None:
                 handles += self.grads.read_into(buf[: self._grad_bytes], g, lo, a, b)
-            per_view.append(handles)
+            per_view.append(_Joined(handles))
         return per_view
 
     def _attach(
@@ -352,9 +352,8 @@ class OptimizerSwap:
         """Prefetched reads are of the files as they were: dropped (waited, their buffers released) before a
         change of the files, or when the step they were for is skipped."""
         for _buf, per_view in self._ahead.values():
-            for handles in per_view:
-                for h in handles:
-                    h.wait()
+            for h in per_view:
+                h.wait()
         self.buffers_allocated -= len(self._ahead)
         self._ahead = {}
 
@@ -399,8 +398,7 @@ class OptimizerSwap:
             )
             first_writes: list[IOHandle] = []
             for k in range(k0, k1):
-                for h in per_view[k - k0]:  # this view's bytes; the disk goes on with the later views'
-                    h.wait()
+                per_view[k - k0].wait()  # this view's bytes; the disk goes on with the later views'
                 self._attach(optimizer, buf, unit, k)
                 a, b = self.bounds[g][k]
                 view = self.views[g][k]
