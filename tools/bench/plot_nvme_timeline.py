@@ -4,7 +4,9 @@ Reads the JSON that ``tools/bench/bench_stage3_fit.py --trace FILE`` (the optimi
 ``tools/bench/bench_largest_fit.py --trace FILE`` (the whole training step: forward+backward, then the optimizer
 step) writes for rank 0's last step: the intervals, each sub-group's update, each I/O request as the worker
 thread ran it; draws one row per kind, with the bytes moved per second and the share of the time the disk
-was busy, for the optimizer step and (when recorded) the whole training step.
+was busy, for the optimizer step and (when recorded) the whole training step; prints those and, for the
+optimizer step, each direction's bytes over its time in flight, the update's compute and the part of it
+under I/O, and the time with no I/O in flight.
 
     python tools/bench/plot_nvme_timeline.py FILE docs/benchmarks/nvme-step-timeline.png
 """
@@ -63,7 +65,7 @@ def main() -> None:
     ax.set_title((args.title + "\n" if args.title else "") + "\n".join(lines), fontsize=9)
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
-    print("\n".join(lines))
+    print("\n".join([*lines, detail(step, rows)]))
 
 
 def summary(what: str, window: tuple[float, float], rows: dict) -> str:
@@ -81,6 +83,24 @@ def summary(what: str, window: tuple[float, float], rows: dict) -> str:
     both = busy([(a, b) for a, b, _ in compute]) + io_busy - busy([(a, b) for a, b, _ in compute + io])
     return (f"{what} {span:.2f} s, {moved / 1e9:.2f} GB moved = {moved / span / 1e9:.2f} GB/s; disk busy "
             f"{io_busy / span:.0%} of it, {both:.2f} s of I/O under compute")  # fmt: skip
+
+
+def detail(window: tuple[float, float], rows: dict) -> str:
+    """The optimizer step's reads and writes each over the time they were in flight, the update's compute
+    and how much of it ran under I/O, and the time with no I/O in flight."""
+    a0, b0 = window
+    parts = {k: [(max(a, a0), min(b, b0), n) for a, b, n in rows[k] if b > a0 and a < b0] for k in rows}
+    spans = {k: [(a, b) for a, b, _ in v] for k, v in parts.items()}
+    io = spans["read"] + spans["write"]
+    out = []
+    for kind in ("read", "write"):
+        t, n = busy(spans[kind]), sum(x for _, _, x in parts[kind])
+        out.append(f"{kind} {n / 1e9:.2f} GB in {t:.2f} s in flight ({n / 1e9 / t if t else 0:.2f} GB/s)")
+    compute = busy(spans["update"])
+    under = compute + busy(io) - busy(spans["update"] + io)
+    out.append(f"update compute {compute:.2f} s, {under:.2f} s of it under I/O")
+    out.append(f"no I/O in flight {b0 - a0 - busy(io):.2f} s")
+    return "optimizer step: " + "; ".join(out)
 
 
 if __name__ == "__main__":
