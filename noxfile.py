@@ -30,14 +30,16 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-checkpoint": (["ds-config"], []),
     "ds-sparse-attn": (["ds-config"], ["plot"]),
     "ds-launch": (["ds-config"], ["mpi"]),
+    "ds-tpsp": (["ds-config"], []),
     "ds-engine": (
-        ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch"],
+        ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
+         "ds-tpsp"],
         ["tensorboard"],
     ),
     # DeepSpeed's module paths (import deepspeed) over ds-engine: for Trainer, Accelerate, Lightning
     "deepspeed": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
-         "ds-engine"],
+         "ds-tpsp", "ds-engine"],
         [],
     ),
 }

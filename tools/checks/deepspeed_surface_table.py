@@ -168,7 +168,11 @@ ABSENT: dict[str, str] = {
     "deepspeed.monitor": "DeepSpeed's monitor classes: ds-engine has its own writers for the config's tensorboard/wandb/csv_monitor sections",
     "deepspeed.nvme": _NVME,
     "deepspeed.io": _NVME,
-    "deepspeed.sequence": _TP,
+    "deepspeed.sequence": (
+        "AutoSP, FPDT, vocabulary-parallel cross entropy and deepspeed.sequence.layer's layout helpers (uneven "
+        "heads, the group registry): not in ds; layer.DistributedAttention, single_all_to_all and "
+        "apply_rotary_pos_emb are ds_tpsp's"
+    ),
     "deepspeed.linear": "LoRA/quantised linear layers (deepspeed.linear): not in ds",
     "deepspeed.datastates": "DataStates asynchronous checkpointing engine: not in ds",
     "deepspeed.env_report": "ds_report (which ops compiled): ds compiles none; deepspeed.ops.op_builder answers is_compatible()",
