@@ -31,15 +31,16 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-sparse-attn": (["ds-config"], ["plot"]),
     "ds-launch": (["ds-config"], ["mpi"]),
     "ds-tpsp": (["ds-config"], []),
+    "ds-pipe": (["ds-config"], []),
     "ds-engine": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
-         "ds-tpsp"],
+         "ds-tpsp", "ds-pipe"],
         ["tensorboard"],
     ),
     # DeepSpeed's module paths (import deepspeed) over ds-engine: for Trainer, Accelerate, Lightning
     "deepspeed": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
-         "ds-tpsp", "ds-engine"],
+         "ds-tpsp", "ds-pipe", "ds-engine"],
         [],
     ),
 }

@@ -15,7 +15,13 @@ _NVME = (
     "DeepSpeed's NVMe swapper classes and aio/GDS handles: ds's NVMe offload at stage 3 (parameters, optimizer "
     "state, gradients) has its own (ds_zero._aio, ds_zero.stage3._swap, _param_swap, _grad_swap)"
 )
-_PIPE = "pipeline parallelism: ds trains one nn.Module, data parallel with ZeRO"
+_DUALPIPE = "DualPipeV (DeepSeek-V3's bidirectional pipeline schedule): not in ds; ds-pipe runs DeepSpeed's 1F1B"
+_PIPE = (
+    "pipeline internals ds-pipe implements its own way: DeepSpeed's p2p module (ds-pipe sends a header with "
+    "every message), the engine module's timer names and helpers, CommitP2P, DualPipeV, PipelineModule's "
+    "per-layer checkpoint path helpers; PipelineEngine's DeepSpeedEngine methods ds lacks are those of "
+    "deepspeed.runtime.engine"
+)
 _MOE = "mixture of experts / expert parallelism"
 _TP = "tensor parallelism (AutoTP) and sequence parallelism: ds is data parallel only"
 _ACCEL = (
@@ -225,7 +231,7 @@ ABSENT: dict[str, str] = {
         "the module's globals (supported-device list, cached accelerator, its logger, base-class aliases): ds "
         "supports cpu and cuda; get_accelerator, set_accelerator and is_current_accelerator_supported are provided"
     ),
-    "deepspeed.pipe": _PIPE,
+    "deepspeed.pipe": _DUALPIPE,
     "deepspeed.runtime.pipe": _PIPE,
     "deepspeed.moe": _MOE,
     "deepspeed.runtime.tensor_parallel": _TP,
@@ -371,7 +377,20 @@ ABSENT: dict[str, str] = {
 
 # Provided, with a difference in signature or value, and why.
 _GETTER = "ds's engine lacks this parameter"
+_PIPE_ENGINE = (
+    "built by initialize() for a PipelineModule from the parts ds-engine assembled, not by the script; "
+    "has_bool_tensors is not needed (each message between stages carries its dtypes)"
+)
 DIFFERS: dict[str, str] = {
+    "deepspeed.PipelineEngine": _PIPE_ENGINE,
+    "deepspeed.runtime.pipe.engine.PipelineEngine": _PIPE_ENGINE,
+    "deepspeed.runtime.pipe.engine.PipelineEngine.load_checkpoint": f"{_GETTER}: custom_load_fn (ds loads its own format)",
+    "deepspeed.runtime.pipe.engine.PipelineEngine.load_module_state_dict": f"{_GETTER}s: custom_load_fn, fetch_z3_params, z3_params_to_fetch, allowed_missing_keys; it takes the state dict itself",
+    "deepspeed.runtime.pipe.engine.PipelineEngine.module_state_dict": f"{_GETTER}: exclude_frozen_parameters",
+    "deepspeed.runtime.pipe.topology.PipelineParallelGrid": (
+        "ds-pipe's grid takes the groups ds-engine made from the job's one topology (topology, global_rank, "
+        "pipe_group, data_group); DeepSpeed's makes its own from a process group. Scripts read it as engine.grid"
+    ),
     "deepspeed.runtime.zero.config.DeepSpeedZeroConfig": (
         "a view over ds_config's ZeroConfig: keyword construction only (no positional strict), and the keys of "
         "features ds lacks (zenflow, hpZ, quantized weights/gradients, leaf modules, Muon, ...) are not fields"

@@ -114,8 +114,6 @@ def test_sparse_attention_seed_era_path_is_ds_sparse_attn():
 @pytest.mark.parametrize(
     ("make", "feature"),
     [
-        (lambda: ds_engine.pipe.PipelineModule(layers=[]), "pipeline parallelism"),
-        (lambda: ds_engine.pipe.LayerSpec(torch.nn.Linear, 2, 2), "pipeline parallelism"),
         (lambda: ds_engine.moe.layer.MoE(hidden_size=4, expert=None), "mixture-of-experts"),
         (lambda: ds_engine.init_inference(torch.nn.Linear(2, 2)), "inference engine"),
     ],

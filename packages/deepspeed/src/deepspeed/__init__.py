@@ -52,6 +52,7 @@ from deepspeed.pipe import PipelineModule  # noqa: E402
 from deepspeed.runtime import zero  # noqa: E402
 from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError  # noqa: E402
+from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 from deepspeed.utils.init_on_device import OnDevice  # noqa: E402
 from deepspeed.utils.logging import logger  # noqa: E402
 
@@ -65,12 +66,6 @@ from deepspeed.runtime.config import deepspeed_defaults as _deepspeed_defaults  
 from deepspeed.runtime.config import load_param_dict as _load_param_dict  # noqa: E402
 
 # DeepSpeed's top-level classes of features ds does not have: importable, fail at use naming the feature
-PipelineEngine = _missing_class(
-    __name__,
-    "PipelineEngine",
-    "pipeline parallelism (deepspeed.pipe)",
-    "ds trains one module, data parallel with ZeRO.",
-)
 InferenceEngine = _missing_class(
     __name__,
     "InferenceEngine",

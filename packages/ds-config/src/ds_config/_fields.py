@@ -48,8 +48,8 @@ NO_EFFECT: dict[str, str] = {
         "offload_param instead"
     ),
     "pipeline": (
-        "read only by DeepSpeed's PipelineModule, which ds does not have (deepspeed.pipe raises "
-        "FeatureNotAvailableError)"
+        "ds's pipeline engine (ds-pipe) takes its settings from PipelineModule's arguments (num_stages, "
+        "partition_method, seed_layers, activation_checkpoint_interval); the section's keys are not read yet"
     ),
     "gradient_allreduce_op": "accepted only 'mean', which is what ds does ('sum' is an error naming it)",
     # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)

@@ -775,8 +775,8 @@ class DSConfig(_Section):
     pipeline: dict[str, Any] = Field(
         default_factory=dict,
         description=(
-            "DeepSpeed's pipeline-parallel settings (stages, partition, ...), read only by PipelineModule, "
-            "which ds does not have; accepted so configs that carry it load."
+            "DeepSpeed's pipeline-parallel settings (stages, partition, ...); ds's pipeline (ds-pipe) takes "
+            "them from PipelineModule's arguments; accepted so configs that carry it load."
         ),
     )
     zero_optimization: ZeroConfig = Field(

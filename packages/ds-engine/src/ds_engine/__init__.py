@@ -2,17 +2,20 @@
 
 A DeepSpeed script works by changing ``import deepspeed`` to ``import ds_engine as deepspeed``: the
 modules such scripts import (``accelerator``, ``comm``, ``utils``, ``ops``, ``checkpointing``) are thin
-mappings onto the ds-* packages, and ``pipe`` / ``moe`` / ``init_inference`` fail at use, naming the
-DeepSpeed feature ds does not have.
+mappings onto the ds-* packages, and ``moe`` / ``init_inference`` fail at use, naming the DeepSpeed
+feature ds does not have. A ``ds_pipe.PipelineModule`` given to ``initialize()`` gets a ``PipelineEngine``.
 """
 
-from ds_engine import accelerator, checkpointing, comm, moe, ops, pipe, sparse_attention, utils, zero
+import ds_pipe as pipe
+
+from ds_engine import accelerator, checkpointing, comm, moe, ops, sparse_attention, utils, zero
 from ds_engine._args import InitializeError, add_config_arguments
 from ds_engine._config_fields import CONFIG_FIELDS
 from ds_engine._dist import init_distributed
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._initialize import initialize
 from ds_engine._missing import FeatureNotAvailableError, missing_function
+from ds_engine._pipe_engine import PipelineEngine
 
 __version__ = "0.1.0"
 
@@ -28,6 +31,7 @@ __all__ = [
     "DeepSpeedEngine",
     "FeatureNotAvailableError",
     "InitializeError",
+    "PipelineEngine",
     "__version__",
     "accelerator",
     "add_config_arguments",

@@ -57,11 +57,16 @@ def assemble(
     model_parameters: Any = None,
     lr_scheduler: Any = None,
     mpu: Any = None,
+    norm_group: Any = None,
 ) -> Parts:
-    """Build the training stack around ``model``. The order matters; each step says why it comes where it does."""
+    """Build the training stack around ``model``. The order matters; each step says why it comes where it does.
+
+    ``norm_group``: the group over which the gradient norm and the overflow test are reduced besides the
+    data-parallel one (a pipeline's stages); by default the mpu's model-parallel group.
+    """
     dp_group = mpu.get_data_parallel_group() if mpu is not None else None
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
-    mp_group = _model_parallel_group(mpu)
+    mp_group = norm_group if norm_group is not None else _model_parallel_group(mpu)
 
     # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
     check_partitioned_model(model, cfg.zero_optimization.stage)

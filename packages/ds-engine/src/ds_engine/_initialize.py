@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import ds_launch
+import ds_pipe
 import torch.distributed as dist
 from ds_config import ConfigError, DSConfig, load_config, read_source
 from torch import nn
@@ -18,6 +19,8 @@ from ds_engine._assemble import assemble
 from ds_engine._data import build_dataloader
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._log_handler import AboveProgressBars
+from ds_engine._pipe_engine import PipelineEngine
+from ds_engine._pipe_setup import check_pipeline_config, pipeline_grid
 
 logger = logging.getLogger("ds_engine")
 
@@ -81,6 +84,8 @@ def initialize(
         )
     topology = ds_launch.init_distributed(distributed_port=distributed_port)
     check_local_rank(args, topology.local_rank)
+    grid = pipeline_grid(model, mpu) if isinstance(model, ds_pipe.PipelineModule) else None
+    mpu = grid if grid is not None else mpu
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
     cfg = _load(
         source,
@@ -90,6 +95,8 @@ def initialize(
         else _WORLD_SIZE_SOURCES.get(topology.source, topology.source),
         config_strict,
     )
+    if grid is not None:
+        check_pipeline_config(cfg)
     parts = assemble(
         model,
         cfg,
@@ -98,6 +105,9 @@ def initialize(
         model_parameters=model_parameters,
         lr_scheduler=lr_scheduler,
         mpu=mpu,
+        norm_group=grid.get_pipe_parallel_group()
+        if grid is not None and grid.pipe_parallel_size > 1
+        else None,
     )
     loader = None
     if training_data is not None:
@@ -110,7 +120,11 @@ def initialize(
             collate_fn=collate_fn,
             drop_last=cfg.dataloader_drop_last,
         )
-    engine = DeepSpeedEngine(parts, cfg, topology, loader)
+    engine = (
+        DeepSpeedEngine(parts, cfg, topology, loader)
+        if grid is None
+        else PipelineEngine(parts, cfg, topology, loader, grid)
+    )
     if topology.rank == 0:
         logger.info(
             "%s | train_batch_size=%d micro_batch=%d grad_accum=%d zero_stage=%d dtype=%s",

@@ -1,6 +1,7 @@
-"""DeepSpeed's ``deepspeed.pipe``: pipeline parallelism is not in ds; every name fails at use, naming it (ds_engine.pipe)."""
+"""DeepSpeed's ``deepspeed.pipe``: ``PipelineModule``, ``LayerSpec``, ``TiedLayerSpec`` and the topologies are
+ds-pipe's (``ds_pipe``); ``initialize()`` returns a pipeline engine for a PipelineModule."""
 
-from ds_engine import pipe as _impl
+import ds_pipe as _impl
 
 from deepspeed._forward import forward
 

@@ -1,0 +1,134 @@
+"""Rank functions for test_pipeline.py: a tiny tied-embedding model as a PipelineModule, and the same model
+without a pipeline (same seeds, same micro-batches) as the reference."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+VOCAB, DIM, SEQ, MICRO = 16, 8, 4, 2
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(VOCAB, DIM) * 0.5)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.weight[ids]
+
+
+def head(embed: Embed, x: torch.Tensor) -> torch.Tensor:
+    return x @ embed.weight.t()
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + torch.tanh(self.fc(x))
+
+
+def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), labels.reshape(-1))
+
+
+def specs(n_blocks: int = 4) -> list[Any]:
+    from ds_pipe import LayerSpec, TiedLayerSpec
+
+    return [
+        TiedLayerSpec("embed", Embed),
+        *[LayerSpec(Block) for _ in range(n_blocks)],
+        TiedLayerSpec("embed", Embed, forward_fn=head),
+    ]
+
+
+def batches(rank_dp: int, dp: int, n: int, seed: int = 7) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every micro-batch of the run (all data-parallel ranks'), and this rank's share in order."""
+    g = torch.Generator().manual_seed(seed)
+    everything = [
+        (
+            torch.randint(0, VOCAB, (MICRO, SEQ), generator=g),
+            torch.randint(0, VOCAB, (MICRO, SEQ), generator=g),
+        )
+        for _ in range(n * dp)
+    ]
+    return everything
+
+
+def reference_losses(config: dict, steps: int, dp: int, n_blocks: int = 4) -> list[float]:
+    """The same model as one module: each step averages the loss of gas x dp micro-batches."""
+    base = 1234
+    torch.manual_seed(base)
+    layers: list[Any] = []
+    embed = None
+    for idx in range(n_blocks + 2):
+        torch.manual_seed(base + idx)
+        if idx == 0:
+            embed = Embed()
+            layers.append(embed)
+        elif idx == n_blocks + 1:
+            layers.append(lambda x, e=embed: head(e, x))
+        else:
+            layers.append(Block())
+    params = [p for m in layers if isinstance(m, nn.Module) for p in m.parameters()]
+    opt = torch.optim.Adam(params, lr=config["optimizer"]["params"]["lr"])
+    gas = config["gradient_accumulation_steps"]
+    data = batches(0, dp, steps * gas)
+    out = []
+    for step in range(steps):
+        opt.zero_grad()
+        total = 0.0
+        # data-parallel rank d reads micro-batches d*steps*gas + step*gas ... of its own share
+        micro = [data[d * steps * gas + step * gas + i] for d in range(dp) for i in range(gas)]
+        for x, y in micro:
+            h = x
+            for layer in layers:
+                h = layer(h)
+            loss = loss_fn(h, y) / len(micro)
+            loss.backward()
+            total += loss.item()
+        if config.get("gradient_clipping"):
+            torch.nn.utils.clip_grad_norm_(params, config["gradient_clipping"])
+        opt.step()
+        out.append(total)
+    return out
+
+
+def train(
+    rank: int, world: int, stages: int, config: dict, steps: int, partition: str = "parameters"
+) -> dict:
+    import ds_engine
+    from ds_engine.topology import reset_topology
+    from ds_pipe import PipelineModule
+
+    reset_topology()
+    model = PipelineModule(
+        specs(),
+        num_stages=stages,
+        loss_fn=loss_fn,
+        partition_method=partition,
+        seed_layers=True,
+        seed_fn=torch.manual_seed,
+    )
+    engine, *_ = ds_engine.initialize(
+        model=model, config=copy.deepcopy(config), model_parameters=model.parameters()
+    )
+    dp = engine.grid.data_parallel_size
+    gas = config["gradient_accumulation_steps"]
+    data = batches(0, dp, steps * gas)
+    d = engine.grid.get_data_parallel_rank()
+    mine = iter(data[d * steps * gas : (d + 1) * steps * gas])
+    losses = [float(engine.train_batch(mine)) for _ in range(steps)]
+    return {
+        "losses": losses,
+        "stage": engine.stage_id,
+        "parts": model.parts,
+        "first": engine.is_first_stage(),
+        "last": engine.is_last_stage(),
+    }

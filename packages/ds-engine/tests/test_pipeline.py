@@ -1,0 +1,26 @@
+"""The pipeline engine: DeepSpeed's PipelineModule trained by train_batch on real gloo ranks gives the
+losses of the same model without a pipeline (fp32, 1e-5 relative)."""
+
+from __future__ import annotations
+
+import pytest
+from _pipe_workers import reference_losses, train
+from rank_testing import spawn
+
+CONFIG = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 4,
+    "gradient_clipping": 0.05,  # small enough to clip every step: the norm must span both stages
+    "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+}
+STEPS = 3
+
+
+@pytest.mark.parametrize("world,stages", [(2, 2), (4, 2)], ids=["2stages", "2stages_x_2dp"])
+def test_losses_equal_the_model_without_a_pipeline(world, stages):
+    results = spawn(train, world, stages, CONFIG, STEPS)
+    expected = reference_losses(CONFIG, STEPS, dp=world // stages)
+    for r in results:  # every stage returns the loss, as DeepSpeed's engine does
+        assert r["losses"] == pytest.approx(expected, rel=1e-5)
+    assert [r["stage"] for r in results] == [s for s in range(stages) for _ in range(world // stages)]
+    assert results[0]["first"] and results[-1]["last"] and not results[0]["last"]

@@ -1,0 +1,3 @@
+"""The DSConfig paths ds-pipe reads (checked against its reads by the tests)."""
+
+CONFIG_FIELDS: tuple[str, ...] = ()
