@@ -67,6 +67,18 @@ def _table() -> Any:
 
 
 # --- comparing one name -----------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _config_keys() -> Any:
+    """tools/checks/deepspeed_config_keys.py: what ds does with each config key of DeepSpeed 0.19.8."""
+    spec = importlib.util.spec_from_file_location(
+        "deepspeed_config_keys", ROOT / "tools/checks/deepspeed_config_keys.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _recorder() -> Any:
     """tools/fixtures/record_deepspeed_surface.py (standard library only at import): its ``signature`` is the one
     form both sides of the comparison are written in."""
@@ -411,6 +423,7 @@ def render(result: Result) -> str:
         lines += ["", "### Pending: added on another branch", ""]
         for owner, group in sorted(_group(pending, lambda i: i.reason).items()):
             lines.append(f"- {owner}: {len(group)} names ({', '.join(sorted({i.module for i in group}))})")
+    lines += _config_keys().render(_config_keys().classify())
     lines += ["", END]
     return "\n".join(lines) + "\n"
 
@@ -462,6 +475,12 @@ def main(argv: list[str] | None = None) -> int:
         PENDING.write_text(json.dumps({k: v for k, v in pending.items() if v}, indent=1) + "\n")
         print(f"pruned {len(stale)} pending names; run again to see what is left")
         return 0
+    for row in _config_keys().classify():
+        if row.status == "missing":
+            result.failures.append(
+                f"config key {row.key} of DeepSpeed 0.19.8: {row.detail} (give it its effect in ds_config or "
+                "a reason in ds_config.DEEPSPEED_REFUSED)"
+            )
     counts = Counter(i.status for i in result.items)
     print(", ".join(f"{counts[s]} {s}" for s in STATUSES))
     generated = render(result)

@@ -21,6 +21,7 @@ from ._compat import (
     TorchAutocastConfig,
     WandbConfig,
 )
+from ._deepspeed_keys import DEEPSPEED_DEFAULTS, DEEPSPEED_REFUSED, deepspeed_refusal
 from ._errors import ConfigError, ConfigProblem, ConfigWarning
 from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
@@ -68,6 +69,9 @@ __all__ = [
     "WandbConfig",
     "NATIVE_OPTIMIZERS",
     "NO_EFFECT",
+    "DEEPSPEED_DEFAULTS",
+    "DEEPSPEED_REFUSED",
+    "deepspeed_refusal",
     "NATIVE_SCHEDULERS",
     "SPARSE_ATTENTION_MODES",
     "ActivationCheckpointingConfig",

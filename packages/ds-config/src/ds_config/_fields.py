@@ -27,6 +27,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.cpu_offload_param",
     "zero_optimization.offload_optimizer.ratio",
     "sparse_attention.mode",
+    "data_types.grad_accum_dtype",  # sets bf16.grad_accum_dtype, or is refused (_rules.grad_accum_dtype)
 )
 
 NO_EFFECT: dict[str, str] = {
@@ -51,7 +52,6 @@ NO_EFFECT: dict[str, str] = {
         "ds's pipeline engine (ds-pipe) takes its settings from PipelineModule's arguments (num_stages, "
         "partition_method, seed_layers, activation_checkpoint_interval); the section's keys are not read yet"
     ),
-    "gradient_allreduce_op": "accepted only 'mean', which is what ds does ('sum' is an error naming it)",
     # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)
     **compat_no_effect(),
 }

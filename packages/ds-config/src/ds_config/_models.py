@@ -41,6 +41,7 @@ from ._compat import (
     WandbConfig,
     only_default,
 )
+from ._data_types import DataTypesConfig
 from ._errors import ConfigWarning
 from ._types import JsonBool, JsonFloat, JsonInt
 
@@ -94,6 +95,23 @@ class _Section(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------- precision
+def _finite_number(name: str, value: Any) -> float:
+    """DeepSpeed 0.19.8's checks (and words) for a number setting: not a bool, a number or a numeric string,
+    finite."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be a number, not bool")
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            raise ValueError(f"{name} must be a number") from None
+    if not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number (not inf/-inf/nan)")
+    return value
+
+
 class FP16Config(_Section):
     """``fp16``: mixed precision with fp32 master weights and loss scaling (similar to apex amp O2)."""
 
@@ -111,13 +129,17 @@ class FP16Config(_Section):
     )
     loss_scale_window: JsonInt = Field(
         1000,
-        ge=1,
-        description="Number of consecutive overflow-free steps after which the dynamic loss scale doubles.",
+        description=(
+            "Number of consecutive overflow-free steps after which the dynamic loss scale doubles (>= 1; "
+            "not checked while fp16 is off or the scale is static, as DeepSpeed does not use it then)."
+        ),
     )
     hysteresis: JsonInt = Field(
         2,
-        ge=1,
-        description="Delayed shift: how many overflows are tolerated before the dynamic scale is halved.",
+        description=(
+            "Delayed shift: how many overflows are tolerated before the dynamic scale is halved (>= 1; not "
+            "checked while fp16 is off or the scale is static)."
+        ),
     )
     consecutive_hysteresis: JsonBool = Field(
         False,
@@ -125,8 +147,10 @@ class FP16Config(_Section):
     )
     min_loss_scale: JsonFloat = Field(
         1.0,
-        gt=0,
-        description="Lower bound of the dynamic loss scale (DeepSpeed's code default 1, not the reference's 1000).",
+        description=(
+            "Lower bound of the dynamic loss scale (DeepSpeed's code default 1, not the reference's 1000; > 0, "
+            "not checked while fp16 is off or the scale is static)."
+        ),
     )
     max_overflows_at_min_scale: JsonInt = Field(
         10,
@@ -153,15 +177,44 @@ class FP16Config(_Section):
     def _loss_scale_number(cls, value: Any) -> Any:
         """DeepSpeed 0.19.8's messages for a loss scale that is not a finite number >= 0 (ds also refuses a
         number written as a string, which DeepSpeed converts)."""
-        if isinstance(value, bool):
-            raise ValueError("fp16.loss_scale must be a number, not bool")
-        if not isinstance(value, (int, float)):
-            raise ValueError("fp16.loss_scale must be a number")
-        if not math.isfinite(value):
-            raise ValueError("fp16.loss_scale must be a finite number (not inf/-inf/nan)")
+        value = _finite_number("fp16.loss_scale", value)
         if value < 0:
             raise ValueError("fp16.loss_scale must be >= 0 (0 enables dynamic loss scaling)")
         return value
+
+    @field_validator("min_loss_scale", mode="before")
+    @classmethod
+    def _min_scale_number(cls, value: Any) -> Any:
+        return _finite_number("fp16.min_loss_scale", value)
+
+    @field_validator("loss_scale_window", "hysteresis", mode="before")
+    @classmethod
+    def _integer(cls, value: Any, info: Any) -> Any:
+        name = f"fp16.{info.field_name}"
+        if isinstance(value, bool):
+            raise ValueError(f"{name} must be an integer, not bool")
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                raise ValueError(f"{name} must be an integer") from None
+        if not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer")
+        return value
+
+    @model_validator(mode="after")
+    def _dynamic_scale_ranges(self) -> Any:
+        """The dynamic scaler's settings are checked only where it runs (fp16 on, loss_scale 0): DeepSpeed
+        0.19.8 accepts any number there otherwise, and configs carry them with fp16 off."""
+        if self.enabled and self.loss_scale == 0:
+            for name, low in (("loss_scale_window", 1), ("hysteresis", 1)):
+                if getattr(self, name) < low:
+                    raise ValueError(f"fp16.{name} must be >= {low} with dynamic loss scaling, got {getattr(self, name)}")
+            if self.min_loss_scale <= 0:
+                raise ValueError(
+                    f"fp16.min_loss_scale must be > 0 with dynamic loss scaling, got {self.min_loss_scale}"
+                )
+        return self
 
     @property
     def dynamic_loss_scale(self) -> bool:
@@ -278,6 +331,12 @@ class OffloadOptimizerConfig(_Section):
         1.0, gt=0, le=1, description="Fraction of the state offloaded; below 1 only with ZeRO stage 3."
     )
 
+    @property
+    def pipeline(self) -> bool:
+        """DeepSpeed's derived flag: the swap is pipelined when either direction is (``pipeline_read`` or
+        ``pipeline_write``)."""
+        return self.pipeline_read or self.pipeline_write
+
 
 class OffloadParamConfig(_Section):
     """``zero_optimization.offload_param``: keep ZeRO-3 parameter partitions in CPU memory or in files (stage 3)."""
@@ -321,6 +380,7 @@ class ZeroConfig(_Section):
     KEY_ALIASES: ClassVar[dict[str, str]] = {
         "prefetch_bucket_size": "stage3_prefetch_bucket_size",
         "param_persistence_threshold": "stage3_param_persistence_threshold",
+        "model_persistence_threshold": "stage3_model_persistence_threshold",
         "max_live_parameters": "stage3_max_live_parameters",
         "max_reuse_distance": "stage3_max_reuse_distance",
         "gather_16bit_weights_on_model_save": "stage3_gather_16bit_weights_on_model_save",
@@ -751,19 +811,12 @@ class DSConfig(_Section):
     gradient_clipping: JsonFloat = Field(
         0.0, ge=0, description="Clip gradients to this global L2 norm; 0 disables clipping."
     )
-    gradient_allreduce_op: Annotated[
-        Literal["mean", "sum"],
-        only_default(
-            "mean",
-            "gradient_allreduce_op: sum (summed, not averaged, gradients)",
-            "remove the key to average; for DeepSpeed's summed gradients multiply the loss by the "
-            "data-parallel world size instead: engine.backward(loss * deepspeed.comm.get_world_size())",
-        ),
-    ] = Field(
+    gradient_allreduce_op: Literal["mean", "sum"] = Field(
         "mean",
         description=(
-            "How data-parallel gradients are combined (case-insensitive): 'mean' averages them; DeepSpeed's "
-            "'sum' is not in ds."
+            "How data-parallel gradients are combined (case-insensitive): 'mean' averages them; 'sum' adds "
+            "them, with no pre- or post-scaling (prescale_gradients and gradient_predivide_factor then do "
+            "nothing), at ZeRO stages 0-2; DeepSpeed 0.19.8 refuses 'sum' at stage 3, and so does ds."
         ),
     )
 
@@ -812,6 +865,7 @@ class DSConfig(_Section):
         None, description="Block-sparse attention layout, one parameter set per mode (none: not used)."
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint options.")
+    data_types: DataTypesConfig = Field(default_factory=DataTypesConfig, description="Gradient accumulation dtype.")
     dataloader_drop_last: JsonBool = Field(
         False, description="The loader initialize() builds drops the last incomplete micro-batch."
     )

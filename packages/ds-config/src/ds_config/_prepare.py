@@ -10,6 +10,7 @@ from typing import Any, get_args
 
 from pydantic import BaseModel
 
+from ._deepspeed_keys import DEEPSPEED_DEFAULTS, deepspeed_refusal
 from ._errors import ConfigProblem, ConfigWarning
 from ._models import SPARSE_ATTENTION_MODELS, DSConfig
 
@@ -18,11 +19,6 @@ __all__ = ["Preparation", "prepare"]
 AUTO = "auto"
 
 # Keys DeepSpeed knows that ds deliberately does not implement, with what to do instead.
-_UNSUPPORTED: dict[str, str] = {
-    "zero_optimization.legacy_stage1": "legacy stage 1 is not supported (as in DeepSpeed >= 0.5.9); remove it",
-    "communication_data_type": "use fp32_allreduce: true for fp32 reductions (the gradient dtype otherwise)",
-    "elasticity": "elastic batch sizing is not supported; give the batch sizes explicitly",
-}
 
 
 @dataclass
@@ -110,8 +106,11 @@ def _suggestion(key: str, path: str, candidates: list[str]) -> str:
 
 def _unknown(path: str, key: str, value: Any, candidates: list[str], strict: bool, prep: Preparation) -> None:
     sub = _join(path, key)
-    if sub in _UNSUPPORTED:
-        message = f"not supported by ds: {_UNSUPPORTED[sub]}"
+    if sub in DEEPSPEED_DEFAULTS and deepspeed_refusal(sub, value) is None:
+        return  # DeepSpeed's default value of a key ds has no use for: accepted, no effect
+    reason = deepspeed_refusal(sub, value)
+    if reason is not None:
+        message = f"not supported by ds: {reason}"
     else:
         message = f"unknown key{_suggestion(key, path, candidates)}"
     _report(ConfigProblem(sub, message, value, strict_only=True), strict, prep)

@@ -202,8 +202,8 @@ def offload_rules(cfg: DSConfig) -> list[P]:
 def zero2_reduce_scatter_scaling(cfg: DSConfig) -> list[P]:
     """Stage 2 with reduce_scatter rejects gradient_predivide_factor != 1 and prescale_gradients."""
     zero = cfg.zero_optimization
-    if zero.stage != 2 or not zero.reduce_scatter:
-        return []
+    if zero.stage != 2 or not zero.reduce_scatter or cfg.gradient_allreduce_op == "sum":
+        return []  # summed gradients are scaled by neither (DeepSpeed asserts only when averaging)
     problems = []
     if cfg.gradient_predivide_factor != 1.0:
         problems.append(P("gradient_predivide_factor", "gradient_predivide_factor != 1.0 is not supported with "
@@ -417,6 +417,46 @@ def _global_range_rules(starts: list[int], ends: list[int] | None) -> list[P]:
     ]  # fmt: skip
 
 
+def sum_allreduce_stage3(cfg: DSConfig) -> list[P]:
+    """DeepSpeed 0.19.8 refuses summed gradients at stage 3 (its words)."""
+    if cfg.gradient_allreduce_op == "sum" and cfg.zero_optimization.stage == 3:
+        return [
+            P(
+                "gradient_allreduce_op",
+                "gradient_allreduce_op='sum' is not supported with ZeRO stage 3",
+                "sum",
+            )
+        ]
+    return []
+
+
+def grad_accum_dtype(cfg: DSConfig) -> list[P]:
+    """``data_types.grad_accum_dtype``: its effect goes through ``bf16.grad_accum_dtype`` (set here)."""
+    accum = cfg.data_types.grad_accum_dtype
+    model = {"fp16": "fp16", "bf16": "bf16"}.get(cfg.precision, "fp32")
+    if accum is None or accum == model:
+        return []
+    if model == "bf16" and accum == "fp32":
+        if "grad_accum_dtype" in cfg.bf16.model_fields_set and cfg.bf16.grad_accum_dtype != "fp32":
+            return [
+                P(
+                    "data_types.grad_accum_dtype",
+                    f"fp32 contradicts bf16.grad_accum_dtype = {cfg.bf16.grad_accum_dtype!r}; give one of them",
+                    accum,
+                )
+            ]
+        cfg.bf16.grad_accum_dtype = "fp32"
+        return []
+    return [
+        P(
+            "data_types.grad_accum_dtype",
+            f"unsupported mix of model dtype {model} and grad_accum_dtype {accum} (DeepSpeed 0.19.8 refuses it "
+            "too without ZeRO); ds accumulates in the model's dtype, or in fp32 with bf16 training",
+            accum,
+        )
+    ]
+
+
 RULES: tuple[Rule, ...] = (
     fp16_with_bf16,
     amp_with_fp16,
@@ -435,6 +475,8 @@ RULES: tuple[Rule, ...] = (
     scheduler_name_and_params,
     contiguous_checkpointing,
     sparse_attention_rules,
+    grad_accum_dtype,
+    sum_allreduce_stage3,
 )
 
 

@@ -24,14 +24,18 @@ class AveragingRule:
 
     postscale (default): ``t *= 1/predivide`` -> SUM -> ``t *= predivide/dp``.
     prescale: ``t *= 1/dp`` -> SUM (``predivide`` is ignored, as in DeepSpeed).
+    ``average=False`` (``gradient_allreduce_op: "sum"``): SUM alone, neither scaling (as in DeepSpeed).
     """
 
     dp: int
     prescale: bool = False
     predivide: float = 1.0
+    average: bool = True
 
     def before(self, t: torch.Tensor) -> None:
         """Scale a bucket in place before it is summed across ranks."""
+        if not self.average:
+            return
         if self.prescale:
             if self.dp != 1:
                 t.mul_(1.0 / self.dp)
@@ -40,7 +44,7 @@ class AveragingRule:
 
     def after_factor(self) -> float:
         """The factor applied to the summed bucket (1.0 when nothing is left to do)."""
-        if self.prescale or self.predivide == self.dp:
+        if not self.average or self.prescale or self.predivide == self.dp:
             return 1.0
         return self.predivide / self.dp
 

@@ -19,6 +19,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "gradient_clipping",
     "gradient_predivide_factor",
     "prescale_gradients",
+    "gradient_allreduce_op",
     "fp32_allreduce",
     "sparse_gradients",
     "zero_allow_untested_optimizer",

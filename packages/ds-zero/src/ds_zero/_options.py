@@ -46,6 +46,7 @@ class ZeroOptions:
     clip_grad: float = 0.0
     gradient_predivide_factor: float = 1.0
     prescale_gradients: bool = False
+    gradient_average: bool = True  # gradient_allreduce_op "mean"; False: "sum"
     fp32_allreduce: bool = False
     allow_untested_optimizer: bool = False
     grad_accum_dtype: torch.dtype | None = None
@@ -80,6 +81,7 @@ class ZeroOptions:
             clip_grad=config.gradient_clipping,
             gradient_predivide_factor=config.gradient_predivide_factor,
             prescale_gradients=config.prescale_gradients,
+            gradient_average=config.gradient_allreduce_op == "mean",
             fp32_allreduce=config.fp32_allreduce,
             allow_untested_optimizer=config.zero_allow_untested_optimizer,
             grad_accum_dtype=grad_accum_dtype(config),
@@ -112,12 +114,17 @@ def check_options(optimizer: torch.optim.Optimizer | None, opts: ZeroOptions) ->
             "ZeRO does not support 'fp32_allreduce': true; remove the key (ZeRO keeps fp32 "
             "master weights, and reduces in the model dtype)"
         )
-    if opts.stage == 2 and opts.reduce_scatter and opts.gradient_predivide_factor != 1.0:
+    if (
+        opts.stage == 2
+        and opts.reduce_scatter
+        and opts.gradient_average
+        and opts.gradient_predivide_factor != 1.0
+    ):
         raise ZeroConfigError(
             "gradient_predivide_factor != 1.0 is not yet supported with ZeRO-2 with reduce "
             "scatter enabled: set gradient_predivide_factor to 1.0 or reduce_scatter to false"
         )
-    if opts.stage == 2 and opts.reduce_scatter and opts.prescale_gradients:
+    if opts.stage == 2 and opts.reduce_scatter and opts.gradient_average and opts.prescale_gradients:
         raise ZeroConfigError(
             "pre-scale gradients is not yet supported with ZeRO-2 with reduce scatter enabled: "
             "set prescale_gradients to false or reduce_scatter to false"

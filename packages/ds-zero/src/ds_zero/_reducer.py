@@ -60,13 +60,16 @@ class GradientReducer:
         gradient_predivide_factor: float = 1.0,
         sparse_gradients: bool = False,
         overlap_comm: bool = False,
+        gradient_average: bool = True,
     ) -> None:
         if gradient_predivide_factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
         self.process_group = process_group
         self.fp32_allreduce = fp32_allreduce
         self.overlap_comm = overlap_comm
-        self.rule = AveragingRule(group_size(process_group), prescale_gradients, gradient_predivide_factor)
+        self.rule = AveragingRule(
+            group_size(process_group), prescale_gradients, gradient_predivide_factor, gradient_average
+        )
         params, sparse = _collect(module_or_params, sparse_gradients)
         self._sparse_params = sparse
         self._buckets = _dense_buckets(
@@ -96,6 +99,7 @@ class GradientReducer:
             gradient_predivide_factor=config.gradient_predivide_factor,
             sparse_gradients=config.sparse_gradients,
             overlap_comm=config.zero_optimization.overlap_comm,
+            gradient_average=config.gradient_allreduce_op == "mean",
         )
 
     @property

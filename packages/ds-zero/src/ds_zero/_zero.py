@@ -100,7 +100,9 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         attach_owner((p for g in self.groups for p in g.params), self)
         self._window_reduced = False  # stage 1: reduced before the step (a gradient was read or set)
         self._window_has_backward = False  # a backward of this window ran (on every rank alike)
-        rule = AveragingRule(self.dp, opts.prescale_gradients, opts.gradient_predivide_factor)
+        rule = AveragingRule(
+            self.dp, opts.prescale_gradients, opts.gradient_predivide_factor, opts.gradient_average
+        )
         self._reducer = PartitionReducer(self.groups, opts, rule, process_group)
         # ds_optim's CPUAdam writes the updated weights into the model dtype in the same pass as the
         # update (step(lowp_params=...)); then copying the master back afterwards would do it twice

@@ -21,7 +21,7 @@ from ds_config import (
     OffloadParamConfig,
     ZeroConfig,
 )
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, Field, model_validator
 
 __all__ = [
     "DeepSpeedBF16Config",
@@ -105,7 +105,10 @@ class DeepSpeedZeroConfig(ZeroConfig):
 
 
 class DeepSpeedFP16Config(FP16Config):
-    """DeepSpeed's ``fp16`` section: ds_config's ``FP16Config`` with DeepSpeed's helper methods."""
+    """DeepSpeed's ``fp16`` section: ds_config's ``FP16Config`` with DeepSpeed's helper methods; built
+    directly, its ``initial_scale_power`` default is DeepSpeed 0.19.8's 16 (ds's own config's is 32)."""
+
+    initial_scale_power: int = Field(16, ge=0, le=64, description="Dynamic scaling starts at 2**this.")
 
     def initial_dynamic_scale(self) -> float:
         return 2**self.initial_scale_power

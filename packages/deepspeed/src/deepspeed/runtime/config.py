@@ -135,7 +135,9 @@ class DeepSpeedConfig:
         self.load_universal_checkpoint = False
         self.use_node_local_storage = False
         self.communication_data_type = None  # the gradients' own dtype (fp32_allreduce aside)
-        self.grad_accum_dtype = None  # DeepSpeed's data_types section; ds reads bf16.grad_accum_dtype
+        self.grad_accum_dtype = (
+            cfg.data_types.grad_accum_dtype
+        )  # data_types (its effect: bf16.grad_accum_dtype)
         name = get_optimizer_name(self._param_dict)
         self.optimizer_name = name.lower() if name and name.lower() in DEEPSPEED_OPTIMIZERS else name
         self.optimizer_params = get_optimizer_params(self._param_dict)

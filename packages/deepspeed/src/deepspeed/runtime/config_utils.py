@@ -32,6 +32,11 @@ __all__ = [
 ]
 
 
+class DeprecatedFieldConflict(AssertionError, ValueError):
+    """A deprecated field and the field replacing it, both given: DeepSpeed's ``AssertionError`` (also a
+    ``ValueError``, which is what pydantic's callers catch)."""
+
+
 class DeepSpeedConfigModel(BaseModel):
     """Base for DeepSpeed-style config models (see the module docstring for what it adds to pydantic)."""
 
@@ -67,12 +72,15 @@ class DeepSpeedConfigModel(BaseModel):
         )
         if not new or not extra.get("set_new_param", True):
             return
-        if new in self.model_fields_set:
-            raise ValueError(
+        target, *rest = new.split(".")
+        owner = self
+        for part in new.split(".")[:-1]:  # a nested field: the sub-model whose fields were set
+            owner = getattr(owner, part)
+        if new.split(".")[-1] in owner.model_fields_set:
+            raise DeprecatedFieldConflict(
                 f"Cannot provide deprecated parameter '{name}' and replacing parameter '{new}' together"
             )
         convert: Callable[[Any], Any] = extra.get("new_param_fn", lambda value: value)
-        target, *rest = new.split(".")
         value = convert(getattr(self, name))
         if rest:  # a nested field: "section.field"
             setattr(getattr(self, target), rest[0], value)
