@@ -184,7 +184,7 @@ def test_all_problems_reported_at_once():
 
 def test_field_problems_reported_at_once():
     error = _problems(
-        {"fp16": {"loss_scale": -1, "hysteresis": 0}, "steps_per_print": 0, "gradient_clipping": "x"}
+        {"fp16": {"loss_scale": -1, "hysteresis": "x"}, "steps_per_print": 0, "gradient_clipping": "x"}
     )
     assert set(error.paths) == {"fp16.loss_scale", "fp16.hysteresis", "steps_per_print", "gradient_clipping"}
 
