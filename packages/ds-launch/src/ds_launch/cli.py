@@ -20,7 +20,7 @@ from ._exports import EnvFileError, exported_environment
 from ._heartbeat import MONITOR_ENV
 from ._hostfile import HostfileError, parse_hostfile, select_resources
 from ._monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, Monitor
-from ._mpirun import MpirunNotFound, build_mpirun_command, find_mpirun
+from ._mpirun import MpirunNotFound, build_hydra_command, build_mpirun_command, find_mpirun
 from ._rank_entry import EVENTS_DIR_ENV
 from ._ssh import (
     RemoteShellError,
@@ -35,12 +35,12 @@ from ._ssh import (
 )
 from ._supervise import ChildSpec, Job, die_with_parent, run_supervised
 
-__all__ = ["main", "build_parser", "local_rank_specs", "program_argv"]
+__all__ = ["main", "build_parser", "local_rank_specs", "mpi_command", "program_argv"]
 
 DEFAULT_HOSTFILE = "/job/hostfile"
-LAUNCHERS = ("local", "mpi", "ssh", "pdsh")
+LAUNCHERS = ("local", "mpi", "mpich", "ssh", "pdsh")
 DEFAULT_REMOTE_MASTER_PORT = 29500  # DeepSpeed's; across hosts no one host can pick a free port for all
-_LAUNCHER_ALIASES = {"openmpi": "mpi"}
+_LAUNCHER_ALIASES = {"openmpi": "mpi", "mvapich": "mpich"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
 
 
@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         choices=[*LAUNCHERS, *_LAUNCHER_ALIASES],
         help="local: spawn ranks here (one host only); ssh: a node launcher per host over --ssh_cmd; "
-        "pdsh: the same through pdsh; mpi: run mpirun (default: mpi with >1 host)",
+        "pdsh: the same through pdsh; mpi: run (Open MPI's) mpirun; mpich: an MPICH/MVAPICH (Hydra) mpirun "
+        "(default: mpi with >1 host)",
     )
     p.add_argument(
         "--launcher_args", default="", help="extra mpirun (or pdsh) arguments, split like a shell would"
@@ -132,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="prefix each line a rank writes with '[rank N] ' (mpi launcher: mpirun's --tag-output)",
     )
+    p.add_argument(
+        "--resources",
+        default="",
+        help="the job's hosts and slots, base64 JSON of {host: [slots]} (as --world_info), in place of the "
+        "hostfile and the selection options (the deepspeed runners pass the hosts they were given)",
+    )
     # How the ssh/pdsh launchers start each host's ranks (DeepSpeed's launch.py takes the same two).
     p.add_argument("--world_info", default="", help=argparse.SUPPRESS)
     p.add_argument("--node_rank", type=int, default=-1, help=argparse.SUPPRESS)
@@ -153,6 +160,12 @@ def _visible_gpu_ids(env: Mapping[str, str]) -> list[str]:
 
 def _resources(args: argparse.Namespace, gpu_ids: list[str]) -> tuple[dict[str, list[int]], bool]:
     """The active ``{host: slots}`` and whether they came from a hostfile."""
+    if args.resources:
+        if args.hostfile != DEFAULT_HOSTFILE or args.include or args.exclude:
+            raise HostfileError(
+                "--resources names the hosts itself: drop --hostfile, --include and --exclude"
+            )
+        return decode_world_info(args.resources), True
     explicit = args.hostfile != DEFAULT_HOSTFILE
     have_hostfile = explicit or Path(args.hostfile).is_file()
     pool = parse_hostfile(args.hostfile) if have_hostfile else {"localhost": max(1, len(gpu_ids))}
@@ -375,22 +388,32 @@ def _exports(args: argparse.Namespace) -> dict[str, str]:
     return exports
 
 
-def _launch_mpi(
-    args: argparse.Namespace, active: dict[str, list[int]], events_dir: str, monitor: Monitor
-) -> int:
-    extra = {**_exports(args), EVENTS_DIR_ENV: events_dir, MONITOR_ENV: monitor.endpoints()}
+def mpi_command(
+    args: argparse.Namespace, active: dict[str, list[int]], launcher: str, extra: dict
+) -> list[str]:
+    """The mpirun command of the mpi (Open MPI's syntax) or mpich (Hydra's) launcher."""
+    extra = {**_exports(args), **extra}
     if args.master_addr:
         extra["MASTER_ADDR"] = args.master_addr
     if args.master_port:
         extra["MASTER_PORT"] = str(args.master_port)
     exports = exported_environment(os.environ, Path.cwd(), extra)
-    cmd = build_mpirun_command(
+    hydra = launcher == "mpich"
+    tag = (["-prepend-rank"] if hydra else ["--tag-output"]) if args.tag_output else []
+    build = build_hydra_command if hydra else build_mpirun_command
+    return build(
         find_mpirun(),
         active,
         [*program_argv(args), *args.user_args],
         exports,
-        [*shlex.split(args.launcher_args), *(["--tag-output"] if args.tag_output else [])],
+        [*shlex.split(args.launcher_args), *tag],
     )
+
+
+def _launch_mpi(
+    args: argparse.Namespace, active: dict[str, list[int]], events_dir: str, monitor: Monitor, launcher: str
+) -> int:
+    cmd = mpi_command(args, active, launcher, {EVENTS_DIR_ENV: events_dir, MONITOR_ENV: monitor.endpoints()})
     print(f"ds-launch: running {shlex.join(cmd)}", file=sys.stderr, flush=True)
     job = Job(sum(len(slots) for slots in active.values()), Path(events_dir), monitor=monitor)
     return run_supervised([ChildSpec("mpirun", cmd, dict(os.environ))], job, args.timeout or None, args.grace)
@@ -448,7 +471,7 @@ def run(argv: Sequence[str] | None = None) -> int:
             tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir,
             _monitor(args, active, exits_seen=False) as monitor,
         ):
-            return _launch_mpi(args, active, events_dir, monitor)
+            return _launch_mpi(args, active, events_dir, monitor, launcher)
     except (HostfileError, EnvFileError, MpirunNotFound, RemoteShellError) as exc:
         parser.error(str(exc))
     except (OSError, subprocess.SubprocessError) as exc:

@@ -1,7 +1,8 @@
 """DeepSpeed's ``deepspeed.launcher.launcher_helper``: the per-rank helper of its mpich launcher.
 
-ds has no mpich launcher (``deepspeed.launcher.multinode_runner.MPICHRunner`` raises
-``FeatureNotAvailableError``), so this module's ``main`` and ``env_mapping`` raise it too, naming the feature.
+ds's mpich launcher (``deepspeed.launcher.multinode_runner.MPICHRunner``) runs ds-launch, whose ranks find
+their place through mpi4py: DeepSpeed's per-rank helper has no part in it, so this module's ``main`` and
+``env_mapping`` raise ``FeatureNotAvailableError``, naming it.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ __all__ = ["env_mapping", "main", "parse_args"]
 
 def _unavailable(name: str) -> NoReturn:
     raise FeatureNotAvailableError(
-        f"deepspeed.launcher.launcher_helper.{name}: the mpich launcher is not available in ds (DeepSpeed has it, "
-        "ds does not); use --launcher pdsh (pdsh or ssh) or --launcher openmpi"
+        f"deepspeed.launcher.launcher_helper.{name}: DeepSpeed's per-rank helper of its mpich launcher is not "
+        "available in ds (ds's mpich launcher starts ranks through ds-launch); use deepspeed --launcher mpich"
     )
 
 
@@ -33,5 +34,5 @@ parse_args = missing_function(
     "deepspeed.launcher.launcher_helper",
     "parse_args",
     "the mpich launcher's per-rank helper",
-    "Use --launcher pdsh (pdsh or ssh) or --launcher openmpi.",
+    "Use deepspeed --launcher mpich (ds-launch starts the ranks).",
 )

@@ -1,17 +1,26 @@
 """DeepSpeed's ``deepspeed.launcher.multinode_runner``: the multi-host backends, as ds runs them.
 
 Each runner's ``get_cmd`` returns the command ds actually runs: a ds-launch command line
-(``python -m ds_launch.cli --launcher pdsh|ssh|mpi ...``), which starts a node launcher on every host over
-pdsh or ssh, or mpirun, and supervises them (a host that fails ends the job non-zero, naming it).
-``PDSHRunner`` uses pdsh when it is installed and plain ssh otherwise. The mpich, impi, slurm and mvapich
-backends are not in ds: constructing one raises ``FeatureNotAvailableError``.
+(``python -m ds_launch.cli --launcher pdsh|ssh|mpi|mpich --resources=<the hosts> ...``), which starts a node
+launcher on every host over pdsh or ssh, or runs mpirun, and supervises them (a host that fails ends the job
+non-zero, naming it). The hosts and slots are the ``active_resources`` given to ``get_cmd``
+(``{host: [slots]}``, or ``{host: count}`` as DeepSpeed's tests pass them). What a user relies on is DeepSpeed's:
+the hosts and process counts, ``--launcher_args`` placed where DeepSpeed places them, the NIC options
+(``OpenMPIRunner`` adds DeepSpeed's ``--mca btl ^openib`` and ``--mca btl_tcp_if_include eth0`` unless
+``--launcher_args`` names ``btl_tcp_if_include``), the exports (``UCX_TLS=tcp``; MVAPICH's ``MV2_*``) and
+``PDSH_RCMD_TYPE=ssh`` in the returned environment. ``PDSHRunner`` uses pdsh when it is installed and plain ssh
+otherwise; ``MPICHRunner`` and ``MVAPICHRunner`` run ds-launch's mpich launcher (Hydra's ``mpirun -n -ppn
+-hosts -genv``). The impi and slurm backends are not in ds: constructing one raises
+``FeatureNotAvailableError``.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import shlex
 import shutil
+import subprocess
 import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
@@ -41,24 +50,33 @@ def ds_launch_argv(
     launcher: str,
     exports: Mapping[str, str] | None = None,
     explicit_port: bool = True,
+    hosts: Mapping[str, Sequence[int] | int] | None = None,
+    launcher_args: str | None = None,
 ) -> list[str]:
-    """The ds-launch command line for the ``deepspeed`` command's parsed ``args``."""
+    """The ds-launch command line for the ``deepspeed`` command's parsed ``args``; ``hosts`` (the runners'
+    active resources) replace the hostfile and its selection options, ``launcher_args`` the user's."""
     argv = [sys.executable, "-m", "ds_launch.cli", "--launcher", launcher]
-    if args.hostfile != _DEFAULT_HOSTFILE:
-        argv += ["-H", args.hostfile]  # the default is read by ds-launch too, when it exists
-    for flag, value in (("-i", args.include), ("-e", args.exclude)):
-        if value:
-            argv += [flag, value]
-    if args.num_nodes > 0:
-        argv += ["--num_nodes", str(args.num_nodes)]
-    if args.num_gpus > 0:
-        argv += ["--num_procs", str(args.num_gpus)]
+    if hosts is not None:
+        from ds_launch import encode_world_info
+
+        argv.append(f"--resources={encode_world_info(slot_lists(hosts))}")
+    else:
+        if args.hostfile != _DEFAULT_HOSTFILE:
+            argv += ["-H", args.hostfile]  # the default is read by ds-launch too, when it exists
+        for flag, value in (("-i", args.include), ("-e", args.exclude)):
+            if value:
+                argv += [flag, value]
+        if args.num_nodes > 0:
+            argv += ["--num_nodes", str(args.num_nodes)]
+        if args.num_gpus > 0:
+            argv += ["--num_procs", str(args.num_gpus)]
     if args.master_addr:
         argv += ["--master_addr", args.master_addr]
     if explicit_port or launcher != "local":  # one host: a free port unless one is asked for
         argv += ["--master_port", str(args.master_port)]
-    if args.launcher_args:
-        argv.append(f"--launcher_args={args.launcher_args}")
+    launcher_args = args.launcher_args if launcher_args is None else launcher_args
+    if launcher_args:
+        argv.append(f"--launcher_args={launcher_args}")
     if getattr(args, "ssh_port", None) is not None:
         argv += ["--ssh_cmd", " ".join([*SSH_DEFAULT, "-p", str(args.ssh_port)])]
     if getattr(args, "venv_script", None):
@@ -75,6 +93,11 @@ def ds_launch_argv(
     if getattr(args, "bind_core_list", None):
         argv.append(f"--bind_core_list={args.bind_core_list}")
     return [*argv, args.user_script, *args.user_args]
+
+
+def slot_lists(hosts: Mapping[str, Sequence[int] | int]) -> dict[str, list[int]]:
+    """``{host: [slots]}`` from ``{host: [slots]}`` or ``{host: count}`` (slots ``0..count-1``)."""
+    return {h: list(range(s)) if isinstance(s, int) else list(s) for h, s in hosts.items()}
 
 
 class MultiNodeRunner(ABC):
@@ -138,7 +161,10 @@ class PDSHRunner(MultiNodeRunner):
         """``(command, kill_command, environment)`` as DeepSpeed returns them; the kill command is empty:
         each host's node launcher stops its ranks when its remote shell ends, so stopping ds-launch is enough."""
         launcher = "pdsh" if shutil.which("pdsh") else "ssh"
-        cmd = ds_launch_argv(self.args, active_resources, launcher, self._unquoted_exports())
+        environment["PDSH_RCMD_TYPE"] = "ssh"  # as DeepSpeed sets it (ds-launch: pdsh -R exec ssh)
+        cmd = ds_launch_argv(
+            self.args, active_resources, launcher, self._unquoted_exports(), hosts=active_resources
+        )
         return cmd, [], environment
 
 
@@ -161,15 +187,94 @@ class OpenMPIRunner(MultiNodeRunner):
         return "openmpi"
 
     def validate_args(self) -> None:
-        if self.args.include != "" or self.args.exclude != "":
-            raise ValueError(f"{self.name} backend does not support worker include/exclusion")
-        if self.args.num_nodes != -1 or self.args.num_gpus != -1:
-            raise ValueError(f"{self.name} backend does not support limiting num nodes/gpus")
+        _whole_hosts_only(self.args, self.name)
 
     def get_cmd(
         self, environment: dict[str, str], active_resources: Mapping[str, Sequence[int]]
     ) -> list[str]:
-        return ds_launch_argv(self.args, active_resources, "mpi", self._unquoted_exports())
+        """ds-launch's mpi launcher: ``mpirun -n N -H h1:n1,... --mca btl ^openib --mca btl_tcp_if_include eth0
+        <launcher_args> -x UCX_TLS=tcp ...`` (DeepSpeed's NIC defaults; ``btl_tcp_if_include`` in
+        ``--launcher_args`` replaces the eth0 one)."""
+        nic = ["--mca", "btl", "^openib"]
+        if "btl_tcp_if_include" not in self.args.launcher_args:
+            nic += ["--mca", "btl_tcp_if_include", "eth0"]
+        launcher_args = shlex.join(nic) + (f" {self.args.launcher_args}" if self.args.launcher_args else "")
+        return ds_launch_argv(
+            self.args, active_resources, "mpi", self._unquoted_exports(), hosts=active_resources,
+            launcher_args=launcher_args,
+        )  # fmt: skip
+
+
+def _whole_hosts_only(args: argparse.Namespace, name: str) -> None:
+    if args.include != "" or args.exclude != "":
+        raise ValueError(f"{name} backend does not support worker include/exclusion")
+    if args.num_nodes != -1 or args.num_gpus != -1:
+        raise ValueError(f"{name} backend does not support limiting num nodes/gpus")
+
+
+class MPICHRunner(MultiNodeRunner):
+    """mpirun of MPICH (Hydra): ds-launch's mpich launcher, ``mpirun -n N -ppn P -hosts h1,h2 <launcher_args>
+    -genv K V ...``; every host runs the same number of ranks (as DeepSpeed requires)."""
+
+    def __init__(self, args: argparse.Namespace, world_info_base64: str, resource_pool: Mapping[str, int]):
+        super().__init__(args, world_info_base64)
+        self.resource_pool = resource_pool
+
+    def backend_exists(self) -> Any:
+        return shutil.which("mpirun")
+
+    @property
+    def name(self) -> str:
+        return "mpich"
+
+    def validate_args(self) -> None:
+        _whole_hosts_only(self.args, self.name)
+
+    def get_cmd(
+        self, environment: dict[str, str], active_resources: Mapping[str, Sequence[int]]
+    ) -> list[str]:
+        counts = {len(slots) for slots in slot_lists(active_resources).values()}
+        if len(counts) > 1:
+            raise ValueError("MPICH requires same number of devices per node")
+        return ds_launch_argv(
+            self.args, active_resources, "mpich", self._unquoted_exports(), hosts=active_resources
+        )
+
+
+class MVAPICHRunner(MPICHRunner):
+    """MVAPICH's mpirun (Hydra's syntax, as ds-launch's mpich launcher writes it), with DeepSpeed's ``MV2_*``
+    exports."""
+
+    def __init__(self, args: argparse.Namespace, world_info_base64: str, resource_pool: Mapping[str, int]):
+        super().__init__(args, world_info_base64, resource_pool)
+        for key, value in _MV2_EXPORTS.items():
+            self.add_export(key, value)
+        from ds_engine.accelerator import get_accelerator
+
+        if get_accelerator().device_name() == "cuda":
+            self.add_export("MV2_USE_CUDA", "1")  # CUDA-aware MVAPICH, as DeepSpeed asks for
+
+    def backend_exists(self) -> Any:
+        """MVAPICH2-GDR, as DeepSpeed checks it (``mpiname`` names it)."""
+        if shutil.which("mpiname") is None:
+            return False
+        return "MVAPICH2-GDR" in subprocess.run(["mpiname"], capture_output=True, text=True).stdout
+
+    @property
+    def name(self) -> str:
+        return "mvapich"
+
+
+# DeepSpeed's MVAPICH settings: no CMA (absent on Ubuntu), backtraces on failure, deep-learning support, no
+# affinity (MPI_THREAD_MULTIPLE), its allgather tuning
+_MV2_EXPORTS = {
+    "MV2_SMP_USE_CMA": "0",
+    "MV2_DEBUG_SHOW_BACKTRACE": "1",
+    "MV2_SUPPORT_DL": "1",
+    "MV2_ENABLE_AFFINITY": "0",
+    "MV2_INTER_ALLGATHER_TUNING": "5",
+    "MV2_CUDA_USE_NAIVE": "0",
+}
 
 
 class _Unavailable(MultiNodeRunner):
@@ -180,7 +285,7 @@ class _Unavailable(MultiNodeRunner):
     def __init__(self, args: argparse.Namespace, world_info_base64: str, resource_pool: Any = None):
         raise FeatureNotAvailableError(
             f"deepspeed --launcher {self.launcher}: the {self.launcher} launcher is not available in ds "
-            "(DeepSpeed has it, ds does not); use --launcher pdsh (pdsh or ssh) or --launcher openmpi"
+            "(DeepSpeed has it, ds does not); use --launcher pdsh (pdsh or ssh), openmpi, mpich or mvapich"
         )
 
     def backend_exists(self) -> Any:
@@ -190,17 +295,9 @@ class _Unavailable(MultiNodeRunner):
         raise AssertionError("unreachable: construction fails")
 
 
-class MPICHRunner(_Unavailable):
-    launcher = "mpich"
-
-
 class IMPIRunner(_Unavailable):
     launcher = "impi"
 
 
 class SlurmRunner(_Unavailable):
     launcher = "slurm"
-
-
-class MVAPICHRunner(_Unavailable):
-    launcher = "mvapich"
