@@ -43,8 +43,7 @@ _ENGINE_REDUCE = (
     "accumulation) and exposes no separate reduction methods"
 )
 _ENGINE_ZERO_KEYS = (
-    "ZeRO keys ds-config does not take: ZeRO++ (hpZ partition size, quantised weights/gradients), legacy "
-    "stage 1, multi-rank bucket allreduce, parameter alignment, sequential allgather, Muon momentum buffers, "
+    "ZeRO keys ds-config does not take: legacy stage 1, multi-rank bucket allreduce, parameter alignment, sequential allgather, Muon momentum buffers, "
     "the grad-norm switch, trace-cache warnings, leaf-module granularity: these features are not in ds"
 )
 _ENGINE_OTHER_KEYS = (
@@ -139,8 +138,7 @@ ENGINE_ABSENT: dict[str, str] = {
         [
             _E + n
             for n in (
-                "zero_hpz_partition_size zero_quantized_weights zero_quantized_nontrainable_weights "
-                "zero_quantized_gradients zero_legacy_stage1 zero_multi_rank_bucket_allreduce "
+                "zero_legacy_stage1 zero_multi_rank_bucket_allreduce "
                 "zero_parameter_alignment zero_allgather_sequential zero_save_muon_momentum_buffer_in_memory "
                 "zero_compute_grad_norm zero_log_trace_cache_warnings zero_module_granularity_threshold"
             ).split()
@@ -393,7 +391,7 @@ DIFFERS: dict[str, str] = {
     ),
     "deepspeed.runtime.zero.config.DeepSpeedZeroConfig": (
         "a view over ds_config's ZeroConfig: keyword construction only (no positional strict), and the keys of "
-        "features ds lacks (zenflow, hpZ, quantized weights/gradients, leaf modules, Muon, ...) are not fields"
+        "features ds lacks (zenflow, leaf modules, Muon, ...) are not fields"
     ),
     "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig": (
         "a view over ds_config's offload section: keyword construction only; super_offload and cpuadam_cores_perc "
@@ -431,7 +429,8 @@ DIFFERS: dict[str, str] = {
     "deepspeed.runtime.engine.DeepSpeedEngine.step": f"{_GETTER}: lr_kwargs (arguments for the LR schedule's step)",
     "deepspeed.runtime.zero.partition_parameters.Init": (
         "ds's zero.Init lacks zero_param_parallel_group, sequence_data_parallel_group, param_swapper and "
-        "tensor_overrides (hpZ, sequence parallelism, NVMe): pass the others by keyword"
+        "tensor_overrides (sequence parallelism, NVMe; hpZ is the config's zero_hpz_partition_size): pass "
+        "the others by keyword"
     ),
     "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer.backward": "no **kwargs (DeepSpeed forwards them to loss.backward); ds takes retain_graph",
     "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer.step": "no closure argument (DeepSpeed ignores it too)",

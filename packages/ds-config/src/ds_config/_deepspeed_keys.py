@@ -27,10 +27,6 @@ DEEPSPEED_REFUSED: dict[str, str] = {
     "tensor_parallel": "DeepSpeed's AutoTP training (tensor_parallel) is not in ds",
     "sequence_parallel_size": "sequence parallelism (Ulysses) is not in ds",
     "expert_parallel": "DeepSpeed's AutoEP expert parallelism (expert_parallel) is not in ds",
-    "zero_optimization.zero_hpz_partition_size": "ZeRO++ hierarchical partitioning is not in ds",
-    "zero_optimization.zero_quantized_weights": "ZeRO++ quantized weights are not in ds",
-    "zero_optimization.zero_quantized_nontrainable_weights": "ZeRO++ quantized weights are not in ds",
-    "zero_optimization.zero_quantized_gradients": "ZeRO++ quantized gradients are not in ds",
     # --- DeepSpeed features ds does not have
     "checkpoint.load_universal": (
         "DeepSpeed's universal checkpoints are not in ds; ds's own checkpoints load at any world size as they are"
@@ -115,10 +111,6 @@ DEEPSPEED_DEFAULTS: dict[str, Any] = {
     },
     "expert_parallel": {"enabled": False},
     "zero_optimization.zenflow": None,
-    "zero_optimization.zero_hpz_partition_size": 1,
-    "zero_optimization.zero_quantized_weights": False,
-    "zero_optimization.zero_quantized_nontrainable_weights": False,
-    "zero_optimization.zero_quantized_gradients": False,
     "checkpoint.load_universal": False,
     "zero_optimization.offload_optimizer.super_offload": False,
     "zero_optimization.offload_optimizer.cpuadam_cores_perc": 0.8,

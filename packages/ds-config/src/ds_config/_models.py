@@ -504,6 +504,47 @@ class ZeroConfig(_Section):
         description="Deprecated spelling of stage3_gather_16bit_weights_on_model_save; do not give both.",
     )
 
+    # ---- ZeRO++ (stage 3 across hosts; defaults as DeepSpeed 0.19)
+    zero_hpz_partition_size: JsonInt = Field(
+        1,
+        ge=1,
+        description=(
+            "Stage 3 hpZ: ranks (consecutive, inside one host) that keep a secondary copy of each gathered "
+            "parameter, cut among them; backward gathers from them only, not across hosts. 1: off. Must "
+            "divide the data-parallel size and the ranks per host."
+        ),
+    )
+    zero_quantized_weights: JsonBool = Field(
+        False,
+        description=(
+            "Stage 3 qwZ: parameters travel the all-gather as int8, quantized symmetrically per block of "
+            "2048 elements with an fp32 scale per block (a quarter of fp32's bytes); every rank computes "
+            "with the same dequantized weights, the fp32 masters stay exact."
+        ),
+    )
+    zero_quantized_nontrainable_weights: JsonBool = Field(
+        False,
+        description="Stage 3: int8 copies of frozen parameters (DeepSpeed's key); not available in ds: stays false.",
+    )
+    zero_quantized_gradients: JsonBool = Field(
+        False,
+        description=(
+            "Stage 3 qgZ: gradients reduced by two all-to-alls (inside each host, then across hosts among "
+            "the ranks of the same local index) carrying 4-bit values, symmetric per block of 512 elements "
+            "with an fp32 scale; each hop sums in fp32. Needs ranks per host from the launcher."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _zeropp(self) -> ZeroConfig:
+        if self.zero_quantized_nontrainable_weights:
+            raise ValueError(
+                "zero_quantized_nontrainable_weights (int8 copies of frozen parameters) is not available "
+                "in ds; "
+                "use zero_quantized_weights (every parameter quantized on the gather) or remove the key"
+            )
+        return self
+
     @model_validator(mode="after")
     def _old_gather_fp16_name(self) -> ZeroConfig:
         old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"

@@ -17,6 +17,7 @@ from ds_launch import Topology
 from torch import nn
 
 from ds_engine._args import InitializeError
+from ds_engine._host_groups import zeropp_host_groups
 from ds_engine.zero import check_partitioned_model
 
 logger = logging.getLogger("ds_engine")
@@ -116,6 +117,9 @@ def assemble(
             scaler=scaler,
             param_names=names,
             model_parallel_group=mp_group,
+            host_groups=zeropp_host_groups(  # ZeRO++: hpZ and qgZ work inside and across hosts
+                cfg, dp_group, topology.world_size, topology.rank, topology.local_world_size
+            ),
         )
     else:
         wrapped = ds_precision.MixedPrecisionOptimizer(

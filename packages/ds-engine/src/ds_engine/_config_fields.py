@@ -23,6 +23,8 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "dump_state",
     "checkpoint.tag_validation",
     "zero_optimization.load_from_fp32_weights",
+    "zero_optimization.zero_hpz_partition_size",  # the hpZ group (_host_groups.py)
+    "zero_optimization.zero_quantized_gradients",  # the host groups of qgZ (_host_groups.py)
     # the monitors (_monitor.py) and the loader initialize() builds
     "csv_monitor.enabled",
     "csv_monitor.output_path",

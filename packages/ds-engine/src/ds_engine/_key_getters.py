@@ -41,6 +41,18 @@ class KeyGetters:
     def zero_model_persistence_threshold(self) -> int:
         return self.ds_config.zero_optimization.stage3_model_persistence_threshold
 
+    def zero_hpz_partition_size(self) -> int:
+        return self.ds_config.zero_optimization.zero_hpz_partition_size
+
+    def zero_quantized_weights(self) -> bool:
+        return self.ds_config.zero_optimization.zero_quantized_weights
+
+    def zero_quantized_nontrainable_weights(self) -> bool:
+        return self.ds_config.zero_optimization.zero_quantized_nontrainable_weights
+
+    def zero_quantized_gradients(self) -> bool:
+        return self.ds_config.zero_optimization.zero_quantized_gradients
+
     def is_first_weights_partition_group(self) -> bool:
         return self.ds_config.zero_optimization.stage >= 3
 

@@ -48,10 +48,6 @@ class DeepSpeedZeroOffloadOptimizerConfig(OffloadOptimizerConfig):
 _ZERO_FIXED = {
     "legacy_stage1": False,
     "pipeline_loading_checkpoint": False,
-    "zero_hpz_partition_size": 1,
-    "zero_quantized_weights": False,
-    "zero_quantized_nontrainable_weights": False,
-    "zero_quantized_gradients": False,
     "mics_shard_size": -1,
     "mics_hierarchical_params_gather": False,
     "model_persistence_threshold": sys.maxsize,  # no bound: ds keeps no whole-model persistence budget

@@ -11,10 +11,12 @@ from ._hooks import register_external_parameter
 from ._optimizer import ZeroStage3Optimizer
 from ._options import CONFIG_FIELDS_STAGE3, Stage3Options
 from ._status import ZeroParamStatus
+from ._zeropp import HostGroups
 
 __all__ = [
     "CONFIG_FIELDS_STAGE3",
     "GatheredParameters",
+    "HostGroups",
     "PartitionOnConstruction",
     "Stage3Options",
     "ZeroParamStatus",

@@ -45,7 +45,7 @@ class GatheredParameters:
         for manager, slots in self._managed():
             for s in slots:
                 s.pins += 1  # keeps them whole until __exit__
-            manager.gather(slots)
+            manager.gather(slots, exact=True)  # never quantized: a modifier writes them back
 
     def __exit__(self, *exc: object) -> None:
         if not self.enabled:

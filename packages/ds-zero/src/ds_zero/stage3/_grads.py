@@ -25,6 +25,7 @@ from .._comm import AveragingRule, plan_buckets, reduce_to_owners
 from .._schedule import BucketSchedule
 from ._grad_parts import GradPartitions
 from ._partition import ParamSlot, PartitionedParams
+from ._zeropp import HostGroups, QuantizedReduction
 
 __all__ = ["KEEP_BYTES", "Stage3Reducer"]
 
@@ -57,8 +58,10 @@ class Stage3Reducer:
         bucket_elems: int,
         rule: AveragingRule,
         overlap_comm: bool,
+        quantized: HostGroups | None = None,
     ) -> None:
         self.params = params
+        self.quantized = quantized  # zero_quantized_gradients: qgZ's 4-bit all-to-alls (``_zeropp``)
         self.grad_parts = grad_parts
         self.rule = rule
         self.max_inflight = 2 if overlap_comm else 0  # buckets left in flight after a launch
@@ -129,9 +132,13 @@ class Stage3Reducer:
         self.rule.before(b.buf)
         if self.params.dp > 1:
             layout = self.params.layouts[b.group]
-            b.works = [
-                reduce_to_owners([(b.start, b.buf)], layout, b.start, b.end, self.params.process_group)
-            ]
+            if self.quantized is not None:
+                q = QuantizedReduction(b.buf, layout, b.start, b.end, self.quantized, self.params.rank)
+                b.works = [q]
+            else:
+                b.works = [
+                    reduce_to_owners([(b.start, b.buf)], layout, b.start, b.end, self.params.process_group)
+                ]
             self.reduce_calls += 1
         self._inflight.append(b)
         while len(self._inflight) > self.max_inflight:

@@ -31,6 +31,7 @@ from ._partition import PartitionedParams
 from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
 from ._swap import OptimizerSwap, SwapFolder, swap_unit
+from ._zeropp import HostGroups, SecondaryGather, check_host_groups
 
 __all__ = ["ZeroStage3Optimizer"]
 
@@ -60,6 +61,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         scaler: LossScalerProtocol | None = None,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
+        host_groups: HostGroups | None = None,
     ) -> None:
         if not dist.is_initialized():
             raise RuntimeError("ZeRO stage 3 needs torch.distributed: call init_process_group first")
@@ -78,6 +80,12 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         self.clip_grad = float(options.clip_grad)
         self.dp, self.rank = group_size(process_group), group_rank(process_group)
         self.host_transport = _transport.enable(process_group)  # MPI or shared memory (``_transport.py``)
+        self.host_groups = host_groups = check_host_groups(  # ZeRO++ (``_zeropp``)
+            host_groups,
+            hpz_size=options.hpz_partition_size,
+            quantized_gradients=options.quantized_gradients,
+            dp=self.dp,
+        )
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
         groups = [[p for p in g["params"] if p.requires_grad] for g in optimizer.param_groups]
@@ -108,6 +116,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             model_persistence_threshold=options.model_persistence_threshold,
             partition_device=cpu if options.offload_param or param_nvme else None,
             swap=param_swap,
+            hpz=SecondaryGather(host_groups.hpz) if options.hpz_partition_size > 1 and self.dp > 1 else None,
+            quantize_weights=options.quantized_weights,
         )
         params = self.params
         master_device = cpu if options.offload_optimizer or nvme else None
@@ -167,6 +177,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             bucket_elems=options.reduce_bucket_size,
             rule=AveragingRule(self.dp, options.prescale_gradients, options.gradient_predivide_factor),
             overlap_comm=options.overlap_comm,
+            quantized=host_groups if options.quantized_gradients and self.dp > 1 else None,
         )
         self.schedule = FetchSchedule(
             self.params,
@@ -192,6 +203,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         scaler: LossScalerProtocol | None = None,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
+        host_groups: HostGroups | None = None,
     ) -> ZeroStage3Optimizer:
         """Build from a loaded config: the keys stage 3 reads are ``CONFIG_FIELDS_STAGE3``."""
         return cls(
@@ -202,6 +214,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             scaler=scaler,
             param_names=param_names,
             model_parallel_group=model_parallel_group,
+            host_groups=host_groups,
         )
 
     # ------------------------------------------------------------------ micro-steps

@@ -51,6 +51,9 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "zero_allow_untested_optimizer",
     "bf16.enabled",
     "bf16.grad_accum_dtype",
+    "zero_optimization.zero_hpz_partition_size",
+    "zero_optimization.zero_quantized_weights",
+    "zero_optimization.zero_quantized_gradients",
 )
 
 
@@ -104,6 +107,9 @@ class Stage3Options:
     gradient_predivide_factor: float = 1.0
     allow_untested_optimizer: bool = False
     grad_accum_dtype: torch.dtype | None = None
+    hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary partitions inside groups of this many ranks
+    quantized_weights: bool = False  # ZeRO++ qwZ: int8 weights on the gather
+    quantized_gradients: bool = False  # ZeRO++ qgZ: 4-bit hierarchical gradient reduction
 
     @classmethod
     def from_config(cls, config: DSConfig) -> Stage3Options:
@@ -159,4 +165,7 @@ class Stage3Options:
             gradient_predivide_factor=float(config.gradient_predivide_factor),
             allow_untested_optimizer=bool(config.zero_allow_untested_optimizer),
             grad_accum_dtype=grad_accum_dtype(config),
+            hpz_partition_size=int(zero.zero_hpz_partition_size),
+            quantized_weights=bool(zero.zero_quantized_weights),
+            quantized_gradients=bool(zero.zero_quantized_gradients),
         )

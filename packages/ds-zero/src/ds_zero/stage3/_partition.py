@@ -25,14 +25,17 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from .. import _transport
-from .._comm import ProcessGroup, broadcast_async, group_rank, group_size
+from .._comm import ProcessGroup, broadcast_async, global_rank, group_rank, group_size
 from .._layout import GroupLayout
 from ._construct import forget_construction, full_value, source_shape
 from ._param_swap import ParamSwap
+from ._quant import WEIGHT_BITS, WEIGHT_BLOCK, dequantize, payload_bytes, quantize
 from ._status import ZeroParamStatus, mark, set_status
+from ._zeropp import SecondaryGather, _Then
 
 __all__ = ["ParamSlot", "PartitionedParams"]
 
@@ -54,6 +57,7 @@ class ParamSlot:
     bwd_hold: bool = False  # backward reached its module and its gradient has not arrived yet
     gathered: bool = False
     home: torch.Tensor | None = None  # the full tensor while gathered; its storage is empty when released
+    secondary: torch.Tensor | None = None  # hpZ: this rank's chunk of the value last gathered (``_zeropp``)
 
     @property
     def numel(self) -> int:
@@ -81,8 +85,12 @@ class PartitionedParams:
         model_persistence_threshold: int = sys.maxsize,
         partition_device: torch.device | None = None,
         swap: ParamSwap | None = None,
+        hpz: SecondaryGather | None = None,
+        quantize_weights: bool = False,
     ) -> None:
         self.process_group = process_group
+        self.hpz = hpz  # zero_hpz_partition_size: gathers from the secondary partitions when they are valid
+        self.quantize_weights = quantize_weights  # zero_quantized_weights: int8 on the primary gathers
         self.dp = group_size(process_group)
         self.rank = group_rank(process_group)
         self.layouts: list[GroupLayout] = []
@@ -97,6 +105,7 @@ class PartitionedParams:
         self.on_write: Callable[[int, int, int], None] | None = None
         self.gather_calls = 0  # collectives issued to gather parameters (observed by the tests)
         self.gathered_numel = 0  # elements those collectives carried
+        self.secondary_numel = 0  # elements gathered from the hpZ secondary partitions instead
         self.live_numel = 0  # elements of non-persistent parameters now held whole
         self.peak_live_numel = 0
         self._pending: dict[int, list] = {}  # id(slot) -> works of a prefetch still in flight
@@ -205,9 +214,10 @@ class PartitionedParams:
         return out
 
     # ------------------------------------------------------------------ gather and release
-    def gather(self, slots: Iterable[ParamSlot], *, wait: bool = True) -> None:
+    def gather(self, slots: Iterable[ParamSlot], *, wait: bool = True, exact: bool = False) -> None:
         """Make every slot's parameter whole (a no-op for those already whole), all of them in one batch of
-        collectives (see ``_launch_gather``).
+        collectives (see ``_launch_gather``), or from the hpZ secondary partitions where they are valid.
+        ``exact``: the primary partitions' values, never quantized (``GatheredParameters``).
 
         With ``wait=False`` (a prefetch) the batch stays in flight: the slots count as whole, and the
         next ``gather`` or ``release`` of a slot waits for its data first.
@@ -223,7 +233,7 @@ class PartitionedParams:
             if not s.persistent:
                 self.live_numel += s.numel
         self.peak_live_numel = max(self.peak_live_numel, self.live_numel)
-        works = self._launch_gather(todo, None, homes)
+        works = self._launch_fetch(todo, homes, exact)
         if not wait:
             for s in todo:
                 self._pending[id(s)] = works
@@ -239,6 +249,30 @@ class PartitionedParams:
                 w.wait()
             if s.gathered:
                 set_status(s.param, ZeroParamStatus.AVAILABLE)
+
+    def _launch_fetch(self, todo: list[ParamSlot], homes: list[torch.Tensor], exact: bool) -> list:
+        """The works of a fetch: secondary partitions where valid (hpZ), the primary ones for the rest."""
+        quantize_weights = self.quantize_weights and not exact
+        if self.hpz is None or exact or self.dp == 1:
+            return self._launch_gather(todo, None, homes, quantize_weights=quantize_weights)
+        sec = [(s, h) for s, h in zip(todo, homes) if s.secondary is not None]
+        prim = [(s, h) for s, h in zip(todo, homes) if s.secondary is None]
+        works: list = []
+        if sec:
+            self.secondary_numel += sum(s.numel for s, _ in sec)
+            works.append(self.hpz.launch([s.secondary for s, _ in sec], [h for _, h in sec]))
+        if prim:
+            hpz = self.hpz
+
+            def keep() -> None:  # every rank of the hpz group keeps its chunk of what it gathered
+                for s, h in prim:
+                    if not s.persistent:
+                        s.secondary = hpz.keep(h)
+
+            primary = self._launch_gather([s for s, _ in prim], None, [h for _, h in prim],
+                                          quantize_weights=quantize_weights)  # fmt: skip
+            works.append(_Then(primary, keep))
+        return works
 
     def gather_values(
         self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor] | None, dtype: torch.dtype
@@ -261,7 +295,12 @@ class PartitionedParams:
         return s.home
 
     def _launch_gather(
-        self, slots: Sequence[ParamSlot], sources: Sequence[torch.Tensor] | None, outs: Sequence[torch.Tensor]
+        self,
+        slots: Sequence[ParamSlot],
+        sources: Sequence[torch.Tensor] | None,
+        outs: Sequence[torch.Tensor],
+        *,
+        quantize_weights: bool = False,
     ) -> list:
         """Fill each ``outs[i]`` (flat, ``slots[i].numel`` elements; slots in flat order) with the slot's
         value from the partitions ``sources[group]`` (None: the weight partitions); returns the works to
@@ -271,7 +310,9 @@ class PartitionedParams:
         every owner's piece of every slot in one call (shared memory packs them into rounds). Else the
         slots are cut into runs that are contiguous in the flat space, and each run is one flat buffer
         filled by one broadcast per owner of a piece of it (``_comm``: the all-gather gloo does fastest),
-        then copied into the outs; a run of one slot is broadcast straight into its out.
+        then copied into the outs; a run of one slot is broadcast straight into its out. With
+        ``quantize_weights`` each owner's piece travels as int8 (``_quant``) over torch.distributed, and
+        every rank, the owner too, takes the dequantized values.
         """
         if not slots:
             return []
@@ -283,12 +324,12 @@ class PartitionedParams:
         if self.dp == 1:
             return []
         self.gathered_numel += sum(s.numel for s in slots)
-        if _transport.transport(self.process_group, *(t for t, _ in pieces)) is not None:
+        if not quantize_weights and _transport.transport(self.process_group, *(t for t, _ in pieces)):
             self.gather_calls += 1
             return broadcast_async(pieces, self.process_group)
         works: list = []
         for run in _runs(slots, outs):
-            works.append(self._broadcast_run(run))
+            works.append(self._broadcast_run(run, quantize_weights))
         return works
 
     def _copy_own(
@@ -307,7 +348,7 @@ class PartitionedParams:
         src = (self._parts if sources is None else sources)[s.group]
         dst[lo - dst_start : hi - dst_start].copy_(src[lo - ps : hi - ps])
 
-    def _broadcast_run(self, run: list[tuple[ParamSlot, torch.Tensor]]):
+    def _broadcast_run(self, run: list[tuple[ParamSlot, torch.Tensor]], quantize_weights: bool = False):
         """One run of flat-contiguous slots over torch.distributed (see ``_launch_gather``)."""
         g, start, end = run[0][0].group, run[0][0].start, run[-1][0].end
         if len(run) == 1:
@@ -321,13 +362,24 @@ class PartitionedParams:
                     buf[lo - start : hi - start].copy_(out[lo - s.start : hi - s.start])
         pieces = [(buf[lo - start : hi - start], r) for r, lo, hi in self.layouts[g].owners(start, end)]
         self.gather_calls += len(pieces)
-        works = broadcast_async(pieces, self.process_group)
-        if len(run) == 1:
+        wire = _quantized(pieces, self.rank) if quantize_weights else pieces
+        if quantize_weights:
+            group = self.process_group
+            works = [
+                dist.broadcast(t, src=global_rank(group, r), group=group, async_op=True) for t, r in wire
+            ]
+        else:
+            works = broadcast_async(pieces, self.process_group)
+        if len(run) == 1 and not quantize_weights:
             return _Filled(works, None)
 
         def unpack() -> None:
-            for s, out in run:
-                out.copy_(buf[s.start - start : s.end - start])
+            if quantize_weights:
+                for (t, _), (payload, _) in zip(pieces, wire):
+                    t.copy_(dequantize(payload, t.numel(), WEIGHT_BITS, WEIGHT_BLOCK))
+            if len(run) > 1:
+                for s, out in run:
+                    out.copy_(buf[s.start - start : s.end - start])
 
         return _Filled(works, unpack)
 
@@ -355,6 +407,7 @@ class PartitionedParams:
         whole = [s for s in self.slots.values() if s.persistent or s.pins > 0]
         for s in self.slots.values():
             s.fwd_users, s.bwd_hold = 0, False
+            s.secondary = None  # the partitions changed
         self.release(self.slots.values())
         for s in whole:
             if s.gathered and not s.persistent:
@@ -373,6 +426,7 @@ class PartitionedParams:
             if self.on_write is not None:
                 self.on_write(slot.group, lo - ps, hi - ps)
         self.settle([slot])
+        slot.secondary = None  # the partitions changed
         if slot.gathered and full.data_ptr() != slot.param.data_ptr():
             slot.param.data.copy_(full.reshape(slot.shape))
 
@@ -395,6 +449,18 @@ class _Filled:
         if self._then is not None:
             self._then()
             self._then = None
+
+
+def _quantized(pieces: list[tuple[torch.Tensor, int]], rank: int) -> list[tuple[torch.Tensor, int]]:
+    """Each ``(piece, owner)`` as its int8 payload: quantized on the owner, an empty buffer elsewhere."""
+    out = []
+    for t, r in pieces:
+        if r == rank:
+            out.append((quantize(t, WEIGHT_BITS, WEIGHT_BLOCK), r))
+        else:
+            n = payload_bytes(t.numel(), WEIGHT_BITS, WEIGHT_BLOCK)
+            out.append((torch.empty(n, dtype=torch.uint8, device=t.device), r))
+    return out
 
 
 def _runs(
