@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""ZeRO-3 across 2 namespace hosts on a limited link, with and without ZeRO++ (hpZ, int8 weights, 4-bit
+gradients), side by side in one run. Needs root (network namespaces, tc).
+
+    sudo .venv/bin/python tools/bench/bench_zeropp_hosts.py --repeats 3
+
+The model is the 13.3M-parameter GPT ``lean`` of tools/bench/_bench_cases.py (fp32, client AdamW, ZeRO-3).
+Both hosts' ``eth0`` (the veth to the bridge) get ``tc qdisc ... netem rate 1gbit delay 0.2ms``. Cases:
+
+- ``1host``: 1 host x 4 ranks, plain ZeRO-3 (the ranks talk over the host's loopback);
+- ``plain``: 2 hosts x 2 ranks, plain ZeRO-3;
+- ``hpz``: 2 x 2 with ``zero_hpz_partition_size: 2``;
+- ``qwqg``: 2 x 2 with ``zero_quantized_weights`` and ``zero_quantized_gradients``;
+- ``zeropp``: 2 x 2 with all three.
+
+Every case runs through ``ds-launch --hostfile`` (mpirun), with ``DS_ZERO_COLLECTIVES=torch`` so every
+case's collectives are gloo's (the one-host case would otherwise take shared memory). A round runs each
+case once, in alternating order; the figures are medians over ``--repeats`` rounds with the spread
+(min-max). Step time: the median over a run's steps after ``--warmup``. Cross-host bytes per step: node0's
+``/sys/class/net/eth0/statistics`` (rx + tx) over the timed steps, divided by their number (every byte
+between the two hosts passes it). Writes a JSON record (``--out``) and prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "testing"), str(ROOT / "tools" / "bench")]
+
+from hosts import Cluster  # noqa: E402
+
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTHONUNBUFFERED": "1",
+           "DS_ZERO_COLLECTIVES": "torch", "OMP_NUM_THREADS": "1"}  # fmt: skip
+NETEM = ["netem", "rate", "1gbit", "delay", "0.2ms"]
+TBF = ["tbf", "rate", "1gbit", "burst", "128kb", "latency", "50ms"]  # rate only, where netem is missing
+
+CASES: dict[str, tuple[dict, dict]] = {  # name -> (hostfile slots, ZeRO keys)
+    "1host": ({"node0": 4}, {}),
+    "plain": ({"node0": 2, "node1": 2}, {}),
+    "hpz": ({"node0": 2, "node1": 2}, {"zero_hpz_partition_size": 2}),
+    "qwqg": ({"node0": 2, "node1": 2}, {"zero_quantized_weights": True, "zero_quantized_gradients": True}),
+    "zeropp": (
+        {"node0": 2, "node1": 2},
+        {"zero_hpz_partition_size": 2, "zero_quantized_weights": True, "zero_quantized_gradients": True},
+    ),
+}
+
+RANK = r"""
+import json, statistics, sys, time
+sys.path.insert(0, sys.argv[1])
+import torch, torch.distributed as dist
+import ds_engine
+from _bench_cases import MODELS, build_model, batch, engine_config
+torch.set_num_threads(1)
+out, zero, steps, warmup = sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+d = MODELS["lean"]
+spec = {"impl": "ds", "stage": 3, "dtype": "fp32", "zero": zero}
+ds_engine.init_distributed()
+model = build_model(spec, d)
+engine, *_ = ds_engine.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                  config=engine_config(spec, d))
+rank = dist.get_rank()
+
+def wire():
+    stats = "/sys/class/net/eth0/statistics/"
+    return sum(int(open(stats + k).read()) for k in ("rx_bytes", "tx_bytes"))
+
+times, losses = [], []
+for step in range(steps):
+    if step == warmup:
+        dist.barrier()
+        b0 = wire()
+    idx, tgt = batch(d, rank, step)
+    t0 = time.perf_counter()
+    loss = engine(idx, tgt)
+    engine.backward(loss)
+    engine.step()
+    dist.barrier()
+    times.append(time.perf_counter() - t0)
+    losses.append(float(loss))
+b1 = wire()
+if rank == 0:
+    json.dump({"step_s": statistics.median(times[warmup:]), "bytes_per_step": (b1 - b0) / (steps - warmup),
+               "losses": losses}, open(out, "w"))
+"""
+
+
+def _launch(cluster: Cluster, hostfile: Path, script: Path, *args: str) -> tuple[int, str]:
+    xs = " ".join(f"-x {k}" for k in ("DS_ZERO_COLLECTIVES", "OMP_NUM_THREADS"))
+    argv = ["ds-launch", "--hostfile", str(hostfile), "--launcher", "mpi",
+            # the hosts share this machine's cores: no binding, and 4 ranks on fewer cores oversubscribe
+            "--launcher_args", f"--mca plm_rsh_agent {cluster.ssh} --bind-to none --oversubscribe {xs}",
+            str(script), *args]  # fmt: skip
+    env = dict(MPI_ENV)
+    found = shutil.which("ds-launch")  # where the caller's ds-launch is (a login's PATH has only python's bin)
+    if found:
+        env["PATH"] = f"{Path(found).parent}:{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"
+    proc = cluster.run("node0", argv, env=env, cwd=str(cluster.shared), timeout=1800)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _limit_link(cluster: Cluster) -> str:
+    """Limit both hosts' eth0 with netem (rate and delay), else tbf (rate only; said in the record)."""
+    for qdisc in (NETEM, TBF):
+        done = [subprocess.run(cluster.enter_argv(h, ["tc", "qdisc", "add", "dev", "eth0", "root", *qdisc]),
+                               capture_output=True, text=True) for h in ("node0", "node1")]  # fmt: skip
+        if all(d.returncode == 0 for d in done):
+            note = "" if qdisc is NETEM else " (netem is not in this kernel: no added delay)"
+            return "tc qdisc add dev eth0 root " + " ".join(qdisc) + " on both hosts" + note
+        print(f"tc {qdisc[0]}: {done[0].stderr.strip() or done[1].stderr.strip()}", flush=True)
+    raise SystemExit("cannot limit the link with tc (neither netem nor tbf)")
+
+
+def _run(cluster: Cluster, script: Path, name: str, steps: int, warmup: int) -> dict:
+    slots, zero = CASES[name]
+    hostfile = cluster.hostfile(cluster.shared / f"{name}.hosts", slots=slots, names=list(slots))
+    out = cluster.shared / f"{name}.json"
+    code, log = _launch(cluster, hostfile, script, str(ROOT / "tools" / "bench"), str(out), json.dumps(zero),
+                        str(steps), str(warmup))  # fmt: skip
+    if code != 0:
+        raise SystemExit(f"{name} failed:\n{log[-4000:]}")
+    return json.loads(out.read_text())
+
+
+def _spread(xs: list[float]) -> dict:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "zeropp-hosts.json")
+    args = p.parse_args()
+    load_before = Path("/proc/loadavg").read_text().split()[:3]
+    results: dict[str, list[dict]] = {c: [] for c in args.cases}
+    with Cluster(2, private_tmp=True) as cluster:
+        link = _limit_link(cluster)
+        script = cluster.shared / "zeropp_rank.py"
+        script.write_text(RANK)
+        for r in range(args.repeats):
+            order = args.cases if r % 2 == 0 else list(reversed(args.cases))
+            for name in order:
+                res = _run(cluster, script, name, args.steps, args.warmup)
+                results[name].append(res)
+                print(f"round {r} {name}: {res['step_s']:.3f} s/step, {res['bytes_per_step'] / 1e6:.1f} MB/step",
+                      flush=True)  # fmt: skip
+    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    summary = {
+        name: {
+            "step_s": _spread([x["step_s"] for x in runs]),
+            "cross_host_mb_per_step": _spread([x["bytes_per_step"] / 1e6 for x in runs]),
+            "losses_first_run": runs[0]["losses"],
+        }
+        for name, runs in results.items()
+    }
+    ratios = {}
+    med = {n: s["step_s"]["median"] for n, s in summary.items()}
+    mb = {n: s["cross_host_mb_per_step"]["median"] for n, s in summary.items()}
+    if "1host" in med:
+        ratios.update({f"{n}_step_vs_1host": med[n] / med["1host"] for n in med if n != "1host"})
+    if "plain" in mb:
+        ratios.update({f"{n}_bytes_vs_plain": mb[n] / mb["plain"] for n in mb if n not in ("plain", "1host")})
+    import torch
+
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    record = {
+        "command": "python tools/bench/bench_zeropp_hosts.py " + " ".join(sys.argv[1:]),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "versions": {"python": platform.python_version(), "torch": torch.__version__},
+        "machine": {"cpus": os.cpu_count(), "load_before": load_before, "load_after": load_after},
+        "link": link,
+        "model": "lean (13.3M GPT, fp32, ZeRO-3, micro batch 2 x 64 tokens per rank)",
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "summary": summary,
+        "ratios": ratios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    print("\n| case | step (s, median) | spread | cross-host MB/step (median) | spread |\n|---|---|---|---|---|")
+    for n, s in summary.items():
+        st, b = s["step_s"], s["cross_host_mb_per_step"]
+        print(f"| {n} | {st['median']:.3f} | {st['min']:.3f}-{st['max']:.3f} | {b['median']:.1f} | "
+              f"{b['min']:.1f}-{b['max']:.1f} |")  # fmt: skip
+    print(json.dumps(ratios, indent=1))
+
+
+if __name__ == "__main__":
+    main()
