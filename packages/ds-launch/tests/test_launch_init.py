@@ -183,3 +183,14 @@ def test_a_failing_rank_exits_without_waiting_for_its_peers(tmp_path):
     finally:
         (tmp_path / "release").touch()
         rank1.communicate(timeout=120)
+
+
+@pytest.mark.parametrize("mode", ["dropped", "dropped-theirs"])
+def test_exit_joins_every_gloo_worker_before_finalization(tmp_path, mode):
+    # The root of the abort at exit: a gloo worker that frees a collective's tensors once Python has begun
+    # finalizing. Every group nobody holds any more (ours, or one torch made for someone else) is destroyed
+    # and its workers joined at exit, here with a collective still in flight: no worker is left over.
+    procs = _rank_procs([str(tmp_path), mode], 2)
+    stderrs = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], stderrs
+    assert [(tmp_path / f"workers{r}.txt").read_text() for r in range(2)] == ["0", "0"], stderrs

@@ -16,6 +16,7 @@ MoE's ``initialize`` and the sequence-parallel group fail naming the feature.
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import torch.distributed as dist
@@ -63,7 +64,13 @@ def get_model_parallel_group() -> Any:
         # new_group is collective: every rank creates every one-rank group, in the same order
         groups = [dist.new_group([r]) for r in range(dist.get_world_size())]
         _SELF_GROUP = groups[dist.get_rank()]
+        atexit.register(_forget_self_group)  # before ds-launch's teardown joins the groups' threads
     return _SELF_GROUP
+
+
+def _forget_self_group() -> None:
+    global _SELF_GROUP
+    _SELF_GROUP = None
 
 
 def get_model_parallel_world_size() -> int:

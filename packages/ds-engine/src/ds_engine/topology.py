@@ -13,6 +13,7 @@ Each parallelism package (ds-pipe, ds-tpsp, ds-moe, ds-zero) takes the groups it
 
 from __future__ import annotations
 
+import atexit
 from dataclasses import dataclass, field
 
 import torch
@@ -140,6 +141,9 @@ def build_topology(
         flat_layout = layout.reshape(pipe, wanted["data"] * sequence, tensor)
         flat = DeviceMesh(device_type, flat_layout, mesh_dim_names=("pipe", _DATA_SEQUENCE, "tensor"))
     _CURRENT = ParallelTopology(mesh, flat)
+    # forgotten at exit, before ds-launch's teardown destroys the groups (atexit runs last in, first out): a
+    # mesh still held then keeps its groups' worker threads alive into finalization (see ds_launch)
+    atexit.register(reset_topology)
     return _CURRENT
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import os
 import socket
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -166,72 +168,104 @@ def _publish(topology: Topology) -> None:
     )
 
 
-# How long a process that ran collectives lets torch's gloo worker threads finish before the interpreter is
-# torn down (see ``_settle``): at least EXIT_SETTLE_S (50 ms stopped every abort in 80 runs under load; this
-# leaves a margin), and then, while another thread of the process is still running or waiting for a CPU,
-# up to EXIT_SETTLE_MAX_S in all (a thread descheduled on a loaded machine finishes first).
+# At interpreter exit every process group is destroyed and its gloo worker threads ("pt_gloo_runloop") joined
+# while Python can still serve them (see ``_teardown``). Where a group outlives that (the script itself still
+# holds it), its workers may only be waited for: at least EXIT_SETTLE_S, longer while another thread of the
+# process is runnable, never more than EXIT_SETTLE_MAX_S in all.
 EXIT_SETTLE_S = 0.2
 EXIT_SETTLE_MAX_S = 3.0
-_settle_registered = False
+_GLOO_WORKER = b"pt_gloo_runloop"  # the name torch gives each ProcessGroupGloo worker thread
+_exit_registered = False
 
 
-def _runnable_threads() -> int:
-    """How many other threads of this process are running or waiting for a CPU (state R in /proc)."""
+def _threads() -> list[tuple[int, bytes, bytes]]:
+    """(tid, name, state) of every other thread of this process, from /proc (empty where there is none)."""
     me = threading.get_native_id()
     try:
         tids = [int(t) for t in os.listdir("/proc/self/task")]
-    except OSError:  # not Linux: nothing to look at, the fixed pause is all there is
-        return 0
-    runnable = 0
+    except OSError:  # not Linux
+        return []
+    found = []
     for tid in tids:
         if tid == me:
             continue
         try:
             with open(f"/proc/self/task/{tid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):  # the thread ended meanwhile
+                stat = f.read()
+        except OSError:  # the thread ended meanwhile
             continue
-        runnable += state == b"R"
-    return runnable
+        name, _, rest = stat.partition(b"(")[2].rpartition(b")")
+        found.append((tid, name, rest.split()[0] if rest.split() else b""))
+    return found
+
+
+def _runnable_threads() -> int:
+    """How many other threads of this process are running or waiting for a CPU (state R in /proc)."""
+    return sum(state == b"R" for _, _, state in _threads())
+
+
+def gloo_workers() -> int:
+    """How many gloo worker threads this process has: 0 once every ProcessGroupGloo is destroyed."""
+    return sum(name == _GLOO_WORKER for _, name, _ in _threads())
 
 
 def _settle() -> None:
-    """At interpreter exit, let go of the GIL until the process's other threads are idle.
-
-    A gloo worker thread releases each finished collective's tensors after waking the waiter. When the
-    script has already dropped its own reference (``dist.all_reduce(torch.ones(1))``, a Trainer's last
-    metrics gather), that release frees a Python object and needs the GIL; if the thread first gets it
-    during interpreter teardown, Python ends the thread inside C++ and the process aborts ("terminate
-    called without an active exception", exit -6) after the script succeeded. Plain torch 2.13 does this
-    at exit in about a third of 4-rank runs here. A destroyed group that is still referenced keeps its
-    threads, so only the pause makes exit safe, whoever created the group. The pause lasts
-    ``EXIT_SETTLE_S``, longer while another thread is still runnable (a worker the scheduler has not run
-    yet on a loaded machine), never more than ``EXIT_SETTLE_MAX_S``.
-    """
+    """Let go of the GIL until the process's other threads are idle (bounded; see ``_teardown``)."""
     start = time.monotonic()
     time.sleep(EXIT_SETTLE_S)
     while _runnable_threads() and time.monotonic() - start < EXIT_SETTLE_MAX_S:
         time.sleep(0.01)
 
 
-def _settle_at_exit() -> None:
-    """Register ``_settle`` once, for a process group someone else created (ours gets ``_leave``)."""
-    global _settle_registered
-    if not _settle_registered:
-        _settle_registered = True
-        atexit.register(_settle)
+def _teardown() -> None:
+    """At interpreter exit, before Python's finalization: destroy every process group, whoever made it, so that
+    each group's C++ destructor joins its gloo worker threads now.
 
-
-def _leave(group: object) -> None:
-    """At interpreter exit, take down the process group this module created, or leave at once.
-
-    After a clean run: destroy the groups if the script has not, then ``_settle``. After an uncaught
-    exception, with the group still up: exit with status 1 without tearing down (earlier atexit handlers
-    are skipped; logging and stdio are flushed), because teardown waits for any collective in flight, and
-    the peers in it are waiting for this rank: both would hang until the collective timeout instead of
-    failing now.
+    The root of the abort at exit ("terminate called without an active exception", exit -6, after the script
+    succeeded): a gloo worker thread drops its last reference to a finished collective's tensors after the
+    waiter has returned. When the script has already dropped its own reference to such a tensor
+    (``dist.all_reduce(torch.ones(1))``, a collective launched and never waited for), that release frees a
+    Python object and needs the GIL. A group that is still alive when the interpreter starts finalizing
+    keeps its workers running; a worker that asks for the GIL then is ended by Python inside torch's C++
+    code, and the unwinding aborts the process. ``destroy_process_group`` alone only unregisters the groups:
+    the worker threads live on for as long as anything holds the group (torch joins them in the group's
+    destructor, which lets go of the GIL while it waits, so a worker can finish its release). So: destroy,
+    let go of this module's own references, and collect; every group nobody else holds is then gone, its
+    workers joined, each collective still in flight finished (its peers finish it, or fail it as they
+    exit). No pause is needed then. A group the script itself still holds (a global) cannot be taken down
+    here: its workers are waited for instead (``_settle``), the best there is for them.
     """
-    ours = dist.is_available() and dist.is_initialized() and dist.group.WORLD is group
+    global _current, _current_group
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    _current, _current_group = None, None
+    gc.collect()
+    if gloo_workers():
+        _settle()
+
+
+def _register_exit(group: object | None) -> None:
+    """Register the at-exit teardown once; ``group``: the world group this module created (None: someone
+    else's). Held weakly: a reference here would keep its workers alive through ``_teardown``."""
+    global _exit_registered, _own_world
+    if group is not None:
+        _own_world = weakref.ref(group)
+    if not _exit_registered:
+        _exit_registered = True
+        atexit.register(_leave)
+
+
+_own_world: weakref.ref | None = None
+
+
+def _leave() -> None:
+    """At interpreter exit: after a clean run, ``_teardown``. After an uncaught exception, with the group this
+    module created still up: exit with status 1 without tearing down (earlier atexit handlers are skipped;
+    logging and stdio are flushed), because teardown waits for any collective in flight, and the peers in it
+    are waiting for this rank: both would hang until the collective timeout instead of failing now.
+    """
+    world = dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+    ours = world is not None and _own_world is not None and _own_world() is world
     if ours and getattr(sys, "last_value", None) is not None and not hasattr(sys, "ps1"):
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
@@ -240,9 +274,8 @@ def _leave(group: object) -> None:
             except (AttributeError, OSError, ValueError):
                 pass
         os._exit(1)
-    if ours:
-        dist.destroy_process_group()  # a group the user made after destroying ours is theirs
-    _settle()
+    del world
+    _teardown()
 
 
 # The topology init_distributed last returned, and the world group it describes: a group that was
@@ -302,15 +335,15 @@ def init_distributed(
     CUDA and gloo without. ``timeout`` bounds the rendezvous and every collective (so a rank stuck in
     one fails instead of hanging). ``auto_mpi_discovery=False`` never imports mpi4py. Calling it
     again, or after someone else initialised the process group, returns the existing topology after
-    checking that its ranks agree with the launcher's. A group this function created is destroyed at
-    exit, and a rank that dies of an uncaught exception exits at once instead of waiting in teardown
-    for its peers (see ``_leave``); a group someone else created gets only the pause at exit that keeps
-    torch's gloo threads from aborting the process (``_settle``).
+    checking that its ranks agree with the launcher's. At exit every process group, this function's or
+    someone else's, is destroyed and its worker threads joined before Python finalizes (``_teardown``:
+    torch's gloo threads otherwise abort the process), and a rank that dies of an uncaught exception exits
+    at once instead of waiting in teardown for its peers (``_leave``).
     """
     global _current, _current_group
     install_excepthook()  # an uncaught ConfigError: its message, without a traceback
     if dist.is_available() and dist.is_initialized():
-        _settle_at_exit()
+        _register_exit(None)
         _current = _already_initialised(auto_mpi_discovery)
         _current_group = dist.group.WORLD
         return _current
@@ -358,7 +391,7 @@ def init_distributed(
         kwargs["init_method"] = init_method or f"tcp://{_bracket(addr)}:{port}"
     dist.init_process_group(timeout=timeout, **kwargs)
     install_excepthook()  # again: outside the hook init_process_group just installed
-    atexit.register(_leave, dist.group.WORLD)
+    _register_exit(dist.group.WORLD)
 
     local_rank, local_world_size = found.local_rank, found.local_world_size
     if local_rank is None or local_world_size is None:
