@@ -55,7 +55,7 @@ def test_gradient_allreduce_op_mean(op):
 
 
 def test_pipeline_section_loads():
-    assert _load(pipeline={"stages": "auto", "partition": "uniform"}).pipeline["partition"] == "uniform"
+    assert _load(pipeline={"stages": "auto", "partition": "uniform"}).pipeline.partition == "uniform"
 
 
 @pytest.mark.parametrize(

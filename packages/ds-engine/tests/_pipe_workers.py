@@ -132,3 +132,49 @@ def train(
         "first": engine.is_first_stage(),
         "last": engine.is_last_stage(),
     }
+
+
+class CountingBlock(Block):
+    """A block that counts its forward calls (activation checkpointing runs forward again in backward)."""
+
+    calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        CountingBlock.calls += 1
+        return super().forward(x)
+
+
+def checkpoint_interval_calls(rank: int, world: int, config: dict) -> int:
+    """Forward calls of the blocks in one train_batch of 2 micro-batches, with the given config."""
+    import ds_engine
+    from ds_engine.topology import reset_topology
+    from ds_pipe import LayerSpec, PipelineModule
+
+    reset_topology()
+    model = PipelineModule(
+        [LayerSpec(CountingBlock), LayerSpec(CountingBlock)],
+        num_stages=1,
+        loss_fn=lambda o, y: o.pow(2).mean(),
+    )
+    engine, *_ = ds_engine.initialize(model=model, config=copy.deepcopy(config))
+    CountingBlock.calls = 0
+    engine.train_batch(iter([(torch.randn(2, DIM), None)] * 2))
+    return CountingBlock.calls
+
+
+def refusals(rank: int, world: int) -> dict:
+    """What initialize() says to a pipeline with ZeRO 2 and 3 (DeepSpeed: an AssertionError)."""
+    import ds_engine
+    from ds_engine.topology import reset_topology
+    from ds_pipe import PipelineModule
+
+    out = {}
+    for stage in (2, 3):
+        reset_topology()
+        model = PipelineModule(specs(), num_stages=2, loss_fn=loss_fn)
+        config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
+        try:
+            ds_engine.initialize(model=model, config={**config, "zero_optimization": {"stage": stage}})
+        except AssertionError as exc:
+            out[stage] = str(exc)
+    return out

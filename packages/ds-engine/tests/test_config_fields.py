@@ -54,4 +54,22 @@ def test_config_fields_match_what_the_engine_reads(reads, tmp_path):
         engine.step()
         engine.save_checkpoint(tmp_path, tag="t")
         engine.load_checkpoint(tmp_path, tag="t")
+    _pipeline_reads(tmp_path)
     reads.check("ds_engine", declared)
+
+
+def _pipeline_reads(tmp_path) -> None:
+    """A one-stage PipelineModule: the pipeline engine reads its section."""
+    import ds_pipe
+
+    torch.manual_seed(0)
+    model = ds_pipe.PipelineModule(
+        [torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)],
+        num_stages=1,
+        loss_fn=lambda out, y: (out - y).pow(2).mean(),
+    )
+    config = {"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}
+    engine, *_ = ds_engine.initialize(
+        model=model, config={**config, "pipeline": {"activation_checkpoint_interval": 1}}
+    )
+    engine.train_batch(iter([(torch.ones(2, 4), torch.zeros(2, 1))]))

@@ -24,3 +24,26 @@ def test_losses_equal_the_model_without_a_pipeline(world, stages):
         assert r["losses"] == pytest.approx(expected, rel=1e-5)
     assert [r["stage"] for r in results] == [s for s in range(stages) for _ in range(world // stages)]
     assert results[0]["first"] and results[-1]["last"] and not results[0]["last"]
+
+
+def test_activation_checkpoint_interval_key_recomputes_the_layers():
+    from _pipe_workers import checkpoint_interval_calls
+
+    base = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": CONFIG["optimizer"],
+    }
+    plain, checkpointed = (
+        spawn(checkpoint_interval_calls, 1, base)[0],
+        spawn(checkpoint_interval_calls, 1, {**base, "pipeline": {"activation_checkpoint_interval": 1}})[0],
+    )
+    assert plain == 2 * 2  # two blocks, two micro-batches
+    assert checkpointed == 2 * plain  # each block's forward runs again in backward
+
+
+def test_zero_2_and_3_are_refused_as_deepspeed_refuses_them():
+    from _pipe_workers import refusals
+
+    for r in spawn(refusals, 2):
+        assert r == {s: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" for s in (2, 3)}

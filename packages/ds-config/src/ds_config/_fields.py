@@ -31,6 +31,14 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.zero_quantized_nontrainable_weights",  # refused when true (not available in ds)
 )
 
+_PIPE_MODULE_DECIDES = (
+    "read nowhere in DeepSpeed 0.19.8 either: the PipelineModule's own arguments (num_stages / topology, "
+    "partition_method, seed_layers) decide, in DeepSpeed and in ds"
+)
+_PIPE_TP = (
+    "partitions what travels between stages across tensor-parallel ranks; a ds pipeline has no tensor axis "
+    "(DeepSpeed ignores it too without one)"
+)
 NO_EFFECT: dict[str, str] = {
     "zero_optimization.elastic_checkpoint": (
         "ds checkpoints always load at any world size (optimizer state included), so there is nothing to "
@@ -49,9 +57,14 @@ NO_EFFECT: dict[str, str] = {
         "deprecated in DeepSpeed, whose 0.19.8 only warns about it; set pin_memory in offload_optimizer / "
         "offload_param instead"
     ),
-    "pipeline": (
-        "ds's pipeline engine (ds-pipe) takes its settings from PipelineModule's arguments (num_stages, "
-        "partition_method, seed_layers, activation_checkpoint_interval); the section's keys are not read yet"
+    "pipeline.stages": _PIPE_MODULE_DECIDES,
+    "pipeline.partition": _PIPE_MODULE_DECIDES,
+    "pipeline.seed_layers": _PIPE_MODULE_DECIDES,
+    "pipeline.pipe_partitioned": _PIPE_TP,
+    "pipeline.grad_partitioned": _PIPE_TP,
+    "pipeline.use_reentrant": (
+        "ds's PipelineModule checkpoints with the function it was given (activation_checkpoint_func; by default "
+        "torch's non-reentrant checkpoint), which gives the same gradients either way"
     ),
     # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)
     **compat_no_effect(),

@@ -43,6 +43,7 @@ from ._compat import (
 )
 from ._data_types import DataTypesConfig
 from ._errors import ConfigWarning
+from ._pipeline import PipelineConfig
 from ._types import JsonBool, JsonFloat, JsonInt
 
 __all__ = [
@@ -491,7 +492,7 @@ class ZeroConfig(_Section):
             "offload_optimizer.device 'nvme' a sub-group is also what one swap buffer holds: read a view at a "
             "time (each stepped once its bytes are in) and written in one request per tensor (master, moments); "
             "the buffers take buffer_count x sub-group x (12 + gradient bytes) during a step, and larger "
-            "sub-groups read and write faster (docs/benchmarks.md \"Swap units of sub_group_size\"); capped at "
+            'sub-groups read and write faster (docs/benchmarks.md "Swap units of sub_group_size"); capped at '
             "2^26 elements there (said in the log)."
         ),
     )
@@ -866,12 +867,8 @@ class DSConfig(_Section):
     def _lower_case_op(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
 
-    pipeline: dict[str, Any] = Field(
-        default_factory=dict,
-        description=(
-            "DeepSpeed's pipeline-parallel settings (stages, partition, ...); ds's pipeline (ds-pipe) takes "
-            "them from PipelineModule's arguments; accepted so configs that carry it load."
-        ),
+    pipeline: PipelineConfig = Field(
+        default_factory=PipelineConfig, description="The pipeline engine's settings (a PipelineModule's)."
     )
     zero_optimization: ZeroConfig = Field(
         default_factory=ZeroConfig,

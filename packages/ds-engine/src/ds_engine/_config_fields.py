@@ -33,4 +33,6 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "tensorboard.output_path",
     "tensorboard.job_name",
     "dataloader_drop_last",
+    # the pipeline engine (_pipe_engine.py)
+    "pipeline.activation_checkpoint_interval",
 )

@@ -94,6 +94,8 @@ class PipelineEngine(DeepSpeedEngine):
         self.is_pipe_parallel = self.num_stages > 1
         self.is_data_parallel = grid.data_parallel_size > 1
         self.is_model_parallel = grid.model_parallel_size > 1
+        if config.pipeline.activation_checkpoint_interval > 0:  # the config seeds the module, as in DeepSpeed
+            parts.model.set_checkpoint_interval(config.pipeline.activation_checkpoint_interval)
         self.runner = ds_pipe.PipelineRunner(parts.model, grid, topology.device)
         self._hooks = _Hooks(self)
         self.data_iterator: Iterator | None = None

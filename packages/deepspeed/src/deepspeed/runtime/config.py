@@ -59,7 +59,7 @@ TORCH_ADAM_PARAM = "torch_adam"
 ADAM_W_MODE = "adam_w_mode"
 ADAM_W_MODE_DEFAULT = True
 
-# DeepSpeed's pipeline section defaults (its PipelineModule reads them; ds has no pipeline parallelism)
+# DeepSpeed's pipeline section defaults (its pipeline engine reads them; ds_config's PipelineConfig is typed)
 PIPELINE_DEFAULTS = {
     "stages": "auto",
     "partition": "best",
@@ -128,7 +128,7 @@ class DeepSpeedConfig:
         self.memory_breakdown = cfg.memory_breakdown
         self.disable_allgather = cfg.disable_allgather
         self.dataloader_drop_last = cfg.dataloader_drop_last
-        self.pipeline = {**PIPELINE_DEFAULTS, **cfg.pipeline}
+        self.pipeline = {**PIPELINE_DEFAULTS, **cfg.pipeline.model_dump(exclude_unset=True)}
         self.checkpoint_tag_validation_enabled = cfg.checkpoint.tag_validation != "Ignore"
         self.checkpoint_tag_validation_fail = cfg.checkpoint.tag_validation == "Fail"
         # DeepSpeed keys ds does not have, at the value that says what ds does
@@ -244,7 +244,7 @@ def get_gradient_accumulation_steps(param_dict: dict[str, Any]) -> int | None:
 
 def get_pipeline_config(param_dict: dict[str, Any]) -> dict[str, Any]:
     """DeepSpeed's pipeline defaults updated with the config's ``pipeline`` section."""
-    return {**PIPELINE_DEFAULTS, **_section(param_dict, "pipeline")}
+    return {**PIPELINE_DEFAULTS, **_section(param_dict, "pipeline").model_dump(exclude_unset=True)}
 
 
 def get_optimizer_name(param_dict: dict[str, Any]) -> str | None:
