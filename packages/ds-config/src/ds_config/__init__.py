@@ -49,9 +49,14 @@ from ._models import (
     ZeroConfig,
 )
 from ._source import read_source
+from ._tensor_parallel import LayerSpecConfig, PartitionConfig, TensorParallelConfig, TPGroupConfig
 
 __version__ = "0.1.0"
 __all__ = [
+    "LayerSpecConfig",
+    "PartitionConfig",
+    "TensorParallelConfig",
+    "TPGroupConfig",
     "read_source",
     "CONFIG_FIELDS",
     "AutotuningConfig",

@@ -29,6 +29,7 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "sparse_attention.mode",
     "data_types.grad_accum_dtype",  # sets bf16.grad_accum_dtype, or is refused (_rules.grad_accum_dtype)
     "zero_optimization.zero_quantized_nontrainable_weights",  # refused when true (not available in ds)
+    "tensor_parallel.tp.tp_size",  # checked against autotp_size (_rules.py)
 )
 
 _PIPE_MODULE_DECIDES = (
@@ -39,6 +40,28 @@ _PIPE_TP = (
     "partitions what travels between stages across tensor-parallel ranks; a ds pipeline has no tensor axis "
     "(DeepSpeed ignores it too without one)"
 )
+
+_TP_NO_EFFECT = {
+    "tensor_parallel.tp.tp_grain_size": (
+        "DeepSpeed 0.19.8 does not use it in training either (its uneven-split granularity is for inference)"
+    ),
+    "tensor_parallel.tp.mpu": "accepted only null: ds builds the tensor-parallel group from autotp_size",
+    "tensor_parallel.tp.tp_group": "accepted only null: ds builds the tensor-parallel group from autotp_size",
+    "tensor_parallel.dtype": (
+        "recorded by tp_model_init and not read by DeepSpeed's training engine either; the precision is "
+        "fp16/bf16's"
+    ),
+    "tensor_parallel.injection_policy_tuple": "accepted only null (inference injection policies)",
+    "tensor_parallel.replace_with_kernel_inject": "accepted only false (inference kernel injection)",
+    "tensor_parallel.vocab_parallel_ce_backend": "accepted only 'torch' (ds has no Liger kernels)",
+    "tensor_parallel.keep_module_on_host": (
+        "ds shards the weights where the model holds them and never moves them while sharding (the engine "
+        "moves the shards to the device afterwards), so the whole model is never on the device"
+    ),
+    "tensor_parallel.partition_config.tp_size": "replaced by autotp_size, as in DeepSpeed",
+    "tensor_parallel.partition_config.embedding_partition_dim": "DeepSpeed 0.19.8 reads it nowhere",
+}
+
 NO_EFFECT: dict[str, str] = {
     "zero_optimization.elastic_checkpoint": (
         "ds checkpoints always load at any world size (optimizer state included), so there is nothing to "
@@ -66,6 +89,7 @@ NO_EFFECT: dict[str, str] = {
         "ds's PipelineModule checkpoints with the function it was given (activation_checkpoint_func; by default "
         "torch's non-reentrant checkpoint), which gives the same gradients either way"
     ),
+    **_TP_NO_EFFECT,
     # DeepSpeed 0.19 keys accepted only at their default or disabled value (ds_config/_compat.py)
     **compat_no_effect(),
 }

@@ -44,6 +44,7 @@ from ._compat import (
 from ._data_types import DataTypesConfig
 from ._errors import ConfigWarning
 from ._pipeline import PipelineConfig
+from ._tensor_parallel import TensorParallelConfig
 from ._types import JsonBool, JsonFloat, JsonInt
 
 __all__ = [
@@ -904,6 +905,7 @@ class DSConfig(_Section):
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint options.")
     data_types: DataTypesConfig = Field(default_factory=DataTypesConfig, description="Gradient accumulation dtype.")
+    tensor_parallel: TensorParallelConfig = Field(default_factory=TensorParallelConfig, description="AutoTP training.")
     dataloader_drop_last: JsonBool = Field(
         False, description="The loader initialize() builds drops the last incomplete micro-batch."
     )

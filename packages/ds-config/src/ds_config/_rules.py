@@ -457,6 +457,16 @@ def grad_accum_dtype(cfg: DSConfig) -> list[P]:
     ]
 
 
+# --------------------------------------------------------------------------------------------- tensor parallel
+def tp_size_matches_autotp(cfg: DSConfig) -> list[P]:
+    """tensor_parallel.tp.tp_size is 1 or autotp_size (DeepSpeed's check)."""
+    tp = cfg.tensor_parallel
+    if tp.tp.tp_size not in (1, tp.autotp_size):
+        return [P("tensor_parallel.tp.tp_size", f"({tp.tp.tp_size}) does not match tensor_parallel.autotp_size "
+                  f"({tp.autotp_size}); remove it or make them equal", tp.tp.tp_size)]  # fmt: skip
+    return []
+
+
 RULES: tuple[Rule, ...] = (
     fp16_with_bf16,
     amp_with_fp16,
@@ -477,6 +487,7 @@ RULES: tuple[Rule, ...] = (
     sparse_attention_rules,
     grad_accum_dtype,
     sum_allreduce_stage3,
+    tp_size_matches_autotp,
 )
 
 
