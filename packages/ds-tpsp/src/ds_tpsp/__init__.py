@@ -1,3 +1,5 @@
 """Tensor parallelism (``ds_tpsp.tensor``) and sequence parallelism (``ds_tpsp.sequence``) over given groups."""
 
-__all__: list[str] = []
+from ._config_fields import CONFIG_FIELDS
+
+__all__: list[str] = ["CONFIG_FIELDS"]

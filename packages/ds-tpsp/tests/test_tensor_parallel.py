@@ -1,0 +1,57 @@
+"""AutoTP training of a tiny Hugging Face Llama on 2 real gloo ranks: losses equal to the unsplit model's,
+the split each rule asks for, whole weights back, and the errors for what cannot be split. One 2-rank run
+makes every check (tp_workers.everything); the tests read its results."""
+
+from __future__ import annotations
+
+import pytest
+import tp_workers as w
+from rank_testing import spawn
+
+pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def ran():
+    return spawn(w.everything, 2, timeout_s=600)
+
+
+def test_tp2_losses_equal_the_unsplit_models_and_the_llama_split(ran):
+    for out in ran:
+        reference = out["reference"][0]
+        losses, layers, source, grad_fn = out["tp2"]
+        assert losses == pytest.approx(reference, rel=1e-5) and source == "the model's Hugging Face tp_plan"
+        attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
+        assert [layers[attn + p] for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == ["column"] * 3 + ["row"]
+        assert [layers[mlp + p] for p in ("gate_proj", "up_proj", "down_proj")] == ["column", "column", "row"]
+        assert layers["lm_head"] == "column+gather" and len(layers) == 15 and "Overlapped" not in grad_fn
+
+
+def test_preset_llama_splits_the_same_layers_and_leaves_the_head_whole(ran):
+    losses, layers, source, _ = ran[0]["preset"]
+    assert losses == pytest.approx(ran[0]["reference"][0], rel=1e-5) and source == "preset 'llama'"
+    assert "lm_head" not in layers and len(layers) == 14
+
+
+def test_tp_overlap_comm_takes_the_overlapped_backward_with_the_same_losses(ran):
+    losses, _, _, grad_fn = ran[0]["overlap"]
+    assert losses == pytest.approx(ran[0]["reference"][0], rel=1e-5)
+    assert grad_fn == "_OverlappedColumnLinearBackward"
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        (0, ["model.layers.0.self_attn", "num_key_value_heads (1)", "autotp_size 2"]),
+        (1, ["model.layers.0.self_attn", "num_attention_heads (3)", "autotp_size 2"]),
+        (2, ["model.layers.0.mlp.gate_proj", "(63)", "autotp_size 2"]),
+    ],
+)
+def test_sizes_that_do_not_split_are_one_error_naming_module_and_numbers(ran, case, words):
+    message, untouched = ran[0]["errors"][str(case)]
+    assert message is not None and all(word in message for word in words), message
+    assert untouched
+
+
+def test_full_weights_equal_the_unsplit_model_and_load_back(ran):
+    assert [out["round_trip"] for out in ran] == [(True, True), (True, True)]

@@ -1,0 +1,92 @@
+"""Rank functions of the tensor-parallel tests (module level: rank_testing.spawn imports them)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def tiny_llama(seed: int = 0, **overrides):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=32, attn_implementation="eager",
+    )  # fmt: skip
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(**kw))
+
+
+def batch(step: int, n: int = 2, seq: int = 8, vocab: int = 64):
+    g = torch.Generator().manual_seed(1000 + step)
+    ids = torch.randint(0, vocab, (n, seq), generator=g)
+    return ids
+
+
+def train_losses(group, steps=3, overlap=False, specs=None, preset=None):
+    """Losses of a few SGD steps of the tiny Llama split over ``group`` (None: not split)."""
+    from ds_tpsp.tensor import shard_model
+
+    model = tiny_llama()
+    plan = shard_model(model, group, overlap_comm=overlap, partition_config=specs, preset_model=preset) if group else None
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(steps):
+        ids = batch(step)
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, plan.layers if plan else {}, plan.source if plan else None, _grad_fn_name(model)
+
+
+def _grad_fn_name(model):
+    ids = batch(0)
+    return type(model.model.layers[0].self_attn.q_proj(model.model.embed_tokens(ids)).grad_fn).__name__
+
+
+def everything(rank, world):
+    """Every check of test_tensor_parallel.py in one 2-rank run (starting ranks is the slow part)."""
+    group = dist.group.WORLD
+    out = {"reference": train_losses(None), "tp2": train_losses(group), "overlap": train_losses(group, overlap=True)}
+    out["preset"] = train_losses(group, preset="llama")
+    out["errors"] = {str(i): shard_error(o) for i, o in enumerate(ERROR_CASES)}
+    out["round_trip"] = full_weights_round_trip()
+    return out
+
+
+ERROR_CASES = [
+    {"num_key_value_heads": 1},
+    {"num_attention_heads": 3, "num_key_value_heads": 3, "hidden_size": 36},
+    {"intermediate_size": 66 - 3},
+]
+
+
+def shard_error(overrides, specs=None):
+    from ds_tpsp.tensor import TensorParallelError, shard_model
+
+    model = tiny_llama(**overrides)
+    before = [n for n, _ in model.named_modules()]
+    try:
+        shard_model(model, dist.group.WORLD, partition_config=specs)
+    except TensorParallelError as exc:
+        untouched = [n for n, _ in model.named_modules()] == before and not hasattr(model, "ds_tp_group")
+        return str(exc), untouched
+    return None, None
+
+
+def full_weights_round_trip():
+    """The split model's whole weights equal the unsplit model's; loading them back gives the same shards."""
+    from ds_tpsp.tensor import full_state_dict, load_full_state_dict, shard_model
+
+    reference = tiny_llama().state_dict()
+    model = tiny_llama()
+    shard_model(model, dist.group.WORLD)
+    full = full_state_dict(model, dist.group.WORLD)
+    same = full.keys() == reference.keys() and all(torch.equal(full[k], reference[k]) for k in reference)
+    local = {k: v.clone() for k, v in model.state_dict().items()}
+    load_full_state_dict(model, full, dist.group.WORLD)
+    back = all(torch.equal(local[k], v) for k, v in model.state_dict().items())
+    return same, back
