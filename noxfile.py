@@ -30,8 +30,8 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-checkpoint": (["ds-config"], []),
     "ds-sparse-attn": (["ds-config"], ["plot"]),
     "ds-launch": (["ds-config"], ["mpi"]),
-    "ds-tpsp": (["ds-config"], []),
     "ds-pipe": (["ds-config"], []),
+    "ds-tpsp": (["ds-config"], ["hf"]),
     "ds-engine": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
          "ds-tpsp", "ds-pipe"],

@@ -15,7 +15,9 @@ def _tp(section):
 def test_defaults_are_deepspeeds():
     tp = load_config(BASE).tensor_parallel
     assert tp.autotp_size == 0 and tp.tp_overlap_comm is False and tp.vocab_parallel_lm_head is None
-    assert tp.tp.tp_size == 1 and tp.partition_config is None and tp.preset_model is None and tp.dtype == "fp16"
+    assert (
+        tp.tp.tp_size == 1 and tp.partition_config is None and tp.preset_model is None and tp.dtype == "fp16"
+    )
 
 
 def test_deepspeed_spellings_of_the_group_section_and_kernel_inject():
@@ -32,7 +34,10 @@ def test_layer_specs_parse_with_deepspeeds_example():
             "partition_config": {
                 "use_default_specs": False,
                 "layer_specs": [
-                    {"patterns": [r".*\.o_proj\.weight$", r".*\.down_proj\.weight$"], "partition_type": "row"},
+                    {
+                        "patterns": [r".*\.o_proj\.weight$", r".*\.down_proj\.weight$"],
+                        "partition_type": "row",
+                    },
                     {"patterns": [r".*\.[qkv]_proj\.weight$"], "partition_type": "COLUMN"},
                     {"patterns": [r".*\.gate_up_proj\.weight$"], "shape": [2, -1], "partition_dim": 0},
                 ],
@@ -53,7 +58,11 @@ def test_layer_specs_parse_with_deepspeeds_example():
         ({"tp": {"tp_group": "g"}}, "tensor_parallel.tp.tp_group", "autotp_size"),
         ({"dtype": "int8"}, "tensor_parallel.dtype", "fp16, bf16, fp32"),
         ({"preset_model": "gpt9"}, "tensor_parallel.preset_model", "llama"),
-        ({"partition_config": {"layer_specs": [{"patterns": ["x"], "partition_type": "diag"}]}}, "partition_type", "row"),
+        (
+            {"partition_config": {"layer_specs": [{"patterns": ["x"], "partition_type": "diag"}]}},
+            "partition_type",
+            "row",
+        ),
         ({"partition_config": {"layer_specs": [{"partition_type": "row"}]}}, "patterns", "required"),
         ({"autotp": 2}, "tensor_parallel.autotp", "autotp_size"),
     ],

@@ -22,7 +22,9 @@ def test_tp2_losses_equal_the_unsplit_models_and_the_llama_split(ran):
         losses, layers, source, grad_fn = out["tp2"]
         assert losses == pytest.approx(reference, rel=1e-5) and source == "the model's Hugging Face tp_plan"
         attn, mlp = "model.layers.0.self_attn.", "model.layers.0.mlp."
-        assert [layers[attn + p] for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == ["column"] * 3 + ["row"]
+        assert [layers[attn + p] for p in ("q_proj", "k_proj", "v_proj", "o_proj")] == ["column"] * 3 + [
+            "row"
+        ]
         assert [layers[mlp + p] for p in ("gate_proj", "up_proj", "down_proj")] == ["column", "column", "row"]
         assert layers["lm_head"] == "column+gather" and len(layers) == 15 and "Overlapped" not in grad_fn
 
@@ -55,3 +57,17 @@ def test_sizes_that_do_not_split_are_one_error_naming_module_and_numbers(ran, ca
 
 def test_full_weights_equal_the_unsplit_model_and_load_back(ran):
     assert [out["round_trip"] for out in ran] == [(True, True), (True, True)]
+
+
+def test_config_keys_are_read_and_act(ran):
+    from ds_tpsp import CONFIG_FIELDS
+
+    got = ran[0]["config"]
+    assert got["read"] == sorted(CONFIG_FIELDS)
+    # partition_config's head rule first, then the preset's (use_default_specs); tp_overlap_comm
+    assert got["source"] == "partition_config then preset 'llama'" and len(got["layers"]) == 15
+    assert got["layers"]["lm_head"] == "column+gather" and got["grad_fn"] == "_OverlappedColumnLinearBackward"
+    assert got["alone"] == {"lm_head": "column+gather"}  # use_default_specs: false
+    assert "strict_mode" in got["strict"] and "lm_head.weight" in got["strict"]
+    assert "vocab_parallel_lm_head" in got["vocab"] and "not available" in got["vocab"]
+    assert "autotp_size is 4" in got["size"] and "2 ranks" in got["size"]

@@ -29,7 +29,11 @@ def train_losses(group, steps=3, overlap=False, specs=None, preset=None):
     from ds_tpsp.tensor import shard_model
 
     model = tiny_llama()
-    plan = shard_model(model, group, overlap_comm=overlap, partition_config=specs, preset_model=preset) if group else None
+    plan = (
+        shard_model(model, group, overlap_comm=overlap, partition_config=specs, preset_model=preset)
+        if group
+        else None
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     losses = []
     for step in range(steps):
@@ -50,11 +54,60 @@ def _grad_fn_name(model):
 def everything(rank, world):
     """Every check of test_tensor_parallel.py in one 2-rank run (starting ranks is the slow part)."""
     group = dist.group.WORLD
-    out = {"reference": train_losses(None), "tp2": train_losses(group), "overlap": train_losses(group, overlap=True)}
+    out = {
+        "reference": train_losses(None),
+        "tp2": train_losses(group),
+        "overlap": train_losses(group, overlap=True),
+    }
     out["preset"] = train_losses(group, preset="llama")
     out["errors"] = {str(i): shard_error(o) for i, o in enumerate(ERROR_CASES)}
     out["round_trip"] = full_weights_round_trip()
+    out["config"] = from_config(group)
     return out
+
+
+def from_config(group):
+    """shard_model driven by a loaded ds_config section; what it read, did, and refused."""
+    from ds_config import load_config
+    from ds_config.testing import ConfigReads
+    from ds_tpsp.tensor import TensorParallelError, shard_model
+
+    head = {"patterns": [r".*lm_head\.weight$"], "partition_type": "column", "gather_output": True}
+    section = {
+        "autotp_size": 2,
+        "tp_overlap_comm": True,
+        "preset_model": "llama",
+        "partition_config": {"use_default_specs": True, "layer_specs": [head]},
+    }
+    reads = ConfigReads()
+    cfg = reads.wrap(load_config({"train_batch_size": 2, "tensor_parallel": section}))
+    model = tiny_llama()
+    plan = shard_model(model, group, cfg.tensor_parallel)
+    got = {"read": sorted(reads.read_by("ds_tpsp")), "layers": plan.layers, "source": plan.source}
+    got["grad_fn"] = _grad_fn_name(model)
+    alone = {**section, "partition_config": {"use_default_specs": False, "layer_specs": [head]}}
+    got["alone"] = shard_model(
+        tiny_llama(), group, load_config({"train_batch_size": 2, "tensor_parallel": alone}).tensor_parallel
+    ).layers
+    strict = {
+        **section,
+        "partition_config": {"strict_mode": True, "layer_specs": [{"patterns": [r".*_proj\.weight$"]}]},
+    }
+    for key, bad in (
+        ("strict", strict),
+        ("vocab", {**section, "vocab_parallel_lm_head": True}),
+        ("size", {"autotp_size": 4}),
+    ):
+        try:
+            shard_model(
+                tiny_llama(),
+                group,
+                load_config({"train_batch_size": 2, "tensor_parallel": bad}).tensor_parallel,
+            )
+            got[key] = None
+        except (TensorParallelError, NotImplementedError) as exc:
+            got[key] = str(exc)
+    return got
 
 
 ERROR_CASES = [

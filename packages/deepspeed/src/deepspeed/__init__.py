@@ -40,7 +40,6 @@ IMPLEMENTATION = f"ds {ds_engine.__version__} (DeepSpeed {DEEPSPEED_API_VERSION}
 _shadow.warn_conflicts()
 
 from ds_engine._missing import missing_class as _missing_class  # noqa: E402
-from ds_engine._missing import missing_function as _missing_function  # noqa: E402
 
 from deepspeed import accelerator, checkpoint, comm, launcher, moe, ops, pipe, runtime, utils  # noqa: E402
 from deepspeed import constants as constants  # noqa: E402
@@ -91,13 +90,43 @@ DeepSpeedTransformerConfig = _missing_class(
     "Use a torch transformer layer.",
 )
 
-# transformers calls it when a model is loaded with tp_size > 1
-tp_model_init = _missing_function(
-    __name__,
-    "tp_model_init",
-    "AutoTP tensor parallelism (deepspeed.tp_model_init)",
-    "ds is data parallel only: load the model without tp_size (use ZeRO-3 to shard it).",
-)
+_tp_model_init_args: dict[str, Any] = {}
+
+
+def tp_model_init(model: Any, tp_size: int, dtype: Any, config: Any = None, **kwargs: Any) -> Any:
+    """DeepSpeed's ``deepspeed.tp_model_init`` (the Trainer calls it when ``autotp_size`` > 1): records the
+    tensor-parallel degree for the next :func:`initialize`, which splits the model (as DeepSpeed 0.19.8, where
+    it only records too); returns ``model`` unchanged. A config's ``tensor_parallel.autotp_size`` that differs
+    from ``tp_size`` is an error there. ``tp_group`` must be the group ds builds: ``tp_size`` consecutive ranks.
+    """
+    group = kwargs.get("tp_group")
+    if group is not None:
+        import torch.distributed as _dist
+
+        ranks = _dist.get_process_group_ranks(group)
+        first = ranks[0] - ranks[0] % tp_size if ranks else 0
+        if list(ranks) != list(range(first, first + tp_size)):
+            raise FeatureNotAvailableError(
+                f"deepspeed.tp_model_init(tp_group=...) with ranks {list(ranks)}: ds builds the tensor-parallel "
+                f"group itself, of {tp_size} consecutive ranks; leave tp_group unset"
+            )
+    _tp_model_init_args.update(tp_size=tp_size, dtype=dtype)
+    return model
+
+
+def _with_tp_model_init(raw: dict) -> dict:
+    """``raw`` with the degree tp_model_init recorded filled in (DeepSpeed's merge: the config wins where it has
+    the key; a different value is an error)."""
+    if not _tp_model_init_args or not isinstance(raw, dict):
+        return raw
+    tp_size = _tp_model_init_args["tp_size"]
+    section = dict(raw.get("tensor_parallel") or {})
+    given = section.get("autotp_size")
+    if given is not None and given != tp_size:
+        raise ValueError(f"Conflicting tensor_parallel.autotp_size in config ({given}) and tp_model_init ({tp_size}).")
+    section["autotp_size"] = tp_size
+    return {**raw, "tensor_parallel": section}
+
 
 _announced = False
 
@@ -154,12 +183,24 @@ def initialize(
         config_params=config_params,
         distributed_port=distributed_port,
         config_strict=config_strict,
-        defaults=_deepspeed_defaults if defaults is None else defaults,
+        defaults=_tp_defaults(defaults),
     )
     if not _announced and comm.get_rank() == 0:
         logging.getLogger("ds_engine").info("deepspeed is %s", IMPLEMENTATION)
     _announced = True
     return result
+
+
+def _tp_defaults(defaults: Any) -> Any:
+    """DeepSpeed's defaults (or the caller's), then what tp_model_init recorded."""
+    if not _tp_model_init_args:
+        return _deepspeed_defaults if defaults is None else defaults
+    base = _deepspeed_defaults if defaults is None else defaults
+    if callable(base):
+        return lambda raw: _with_tp_model_init(base(raw))
+    from ds_engine._initialize import _under
+
+    return lambda raw: _with_tp_model_init(_under(raw, base))
 
 
 def _is_file(value: Any) -> bool:

@@ -101,12 +101,12 @@ class TPGroupConfig(_TPSection):
 
     tp_size: JsonInt = Field(1, ge=1, description="1 or the same as autotp_size (DeepSpeed's check).")
     tp_grain_size: JsonInt = Field(1, ge=1, description="Uneven-split granularity; not used in training.")
-    mpu: Annotated[Any, only_default(None, "tensor_parallel.tp.mpu (an object in the config)", _GROUP)] = Field(
-        None, description="Accepted only null: ds builds the tensor-parallel group from autotp_size."
-    )
-    tp_group: Annotated[Any, only_default(None, "tensor_parallel.tp.tp_group (a group in the config)", _GROUP)] = (
+    mpu: Annotated[Any, only_default(None, "tensor_parallel.tp.mpu (an object in the config)", _GROUP)] = (
         Field(None, description="Accepted only null: ds builds the tensor-parallel group from autotp_size.")
     )
+    tp_group: Annotated[
+        Any, only_default(None, "tensor_parallel.tp.tp_group (a group in the config)", _GROUP)
+    ] = Field(None, description="Accepted only null: ds builds the tensor-parallel group from autotp_size.")
 
 
 class TensorParallelConfig(_TPSection):
@@ -115,7 +115,10 @@ class TensorParallelConfig(_TPSection):
     output gathered; embeddings whole) over that many consecutive ranks; the rest of the world is the
     data-parallel axis (ZeRO partitions over it)."""
 
-    KEY_ALIASES: ClassVar[dict[str, str]] = {"tensor_parallel": "tp", "kernel_inject": "replace_with_kernel_inject"}
+    KEY_ALIASES: ClassVar[dict[str, str]] = {
+        "tensor_parallel": "tp",
+        "kernel_inject": "replace_with_kernel_inject",
+    }
 
     autotp_size: JsonInt = Field(
         0, ge=0, description="Tensor-parallel degree; 0 or 1: off. It must divide the world size."
@@ -138,7 +141,9 @@ class TensorParallelConfig(_TPSection):
         Literal["torch", "liger"],
         only_default("torch", "vocab_parallel_ce_backend: liger (Liger kernels)", "remove the key"),
     ] = Field("torch", description="The vocab-parallel cross entropy's implementation; only torch in ds.")
-    tp: TPGroupConfig = Field(default_factory=TPGroupConfig, description="The tensor-parallel group's settings.")
+    tp: TPGroupConfig = Field(
+        default_factory=TPGroupConfig, description="The tensor-parallel group's settings."
+    )
     dtype: str = Field(
         "fp16", description="The dtype tp_model_init records; DeepSpeed's training engine does not read it."
     )

@@ -9,6 +9,7 @@ from typing import Any
 import ds_checkpoint
 import ds_optim
 import ds_precision
+import ds_tpsp.tensor
 import ds_zero
 import torch
 import torch.distributed as dist
@@ -18,6 +19,7 @@ from torch import nn
 
 from ds_engine._args import InitializeError
 from ds_engine._host_groups import zeropp_host_groups
+from ds_engine.topology import ParallelTopology
 from ds_engine.zero import check_partitioned_model
 
 logger = logging.getLogger("ds_engine")
@@ -59,6 +61,7 @@ def assemble(
     lr_scheduler: Any = None,
     mpu: Any = None,
     norm_group: Any = None,
+    parallel: ParallelTopology | None = None,
 ) -> Parts:
     """Build the training stack around ``model``. The order matters; each step says why it comes where it does.
 
@@ -68,6 +71,25 @@ def assemble(
     dp_group = mpu.get_data_parallel_group() if mpu is not None else None
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
     mp_group = norm_group if norm_group is not None else _model_parallel_group(mpu)
+
+    # 0. Tensor parallelism splits the layers first: everything below sees this rank's shards, ZeRO
+    # partitions them over the data axis and the norm sums the shards over the tensor axis.
+    if parallel is not None and parallel.size("tensor") > 1:
+        dp_group, dp_world_size = parallel.group("data"), parallel.size("data")
+        mp_group = parallel.group("tensor")
+        plan = ds_tpsp.tensor.shard_model(model, mp_group, cfg.tensor_parallel)
+        # an optimizer or parameter list made before the split (the Trainer makes both) now holds the shards
+        if isinstance(optimizer, torch.optim.Optimizer):
+            plan.remap_optimizer(optimizer)
+        if model_parameters is not None:
+            model_parameters = plan.remap(model_parameters)
+        if topology.rank == 0:
+            logger.info(
+                "AutoTP: %d layers split over %d ranks (rules: %s)",
+                len(plan.layers),
+                plan.degree,
+                plan.source,
+            )
 
     # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
     check_partitioned_model(model, cfg.zero_optimization.stage)

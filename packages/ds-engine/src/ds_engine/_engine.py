@@ -11,6 +11,7 @@ from typing import Any
 
 import ds_checkpoint
 import ds_precision
+import ds_tpsp.tensor
 import torch
 from ds_config import DSConfig
 from ds_launch import Topology
@@ -21,7 +22,7 @@ from ds_engine._data import build_dataloader
 from ds_engine._getters import ConfigGetters
 from ds_engine._grad_guard import OutsideGradients
 from ds_engine._key_getters import KeyGetters
-from ds_engine._missing import missing_function
+from ds_engine._missing import FeatureNotAvailableError, missing_function
 from ds_engine._monitor import Monitor
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
 
@@ -320,6 +321,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         saved weights (loading such a checkpoint then needs ``load_module_strict=False``)."""
         if not save_dir:  # None or "": DeepSpeed 0.19.8 refuses both with this ValueError
             raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
+        self._refuse_tensor_parallel_checkpoint("save_checkpoint")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         model_state = self._module_state_dict()
         if exclude_frozen_parameters:
@@ -350,6 +352,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         load_module_only: bool = False,
     ) -> tuple[str | None, dict | None]:
         """Load a checkpoint saved at any world size; returns ``(path, client_state)`` or ``(None, None)``."""
+        self._refuse_tensor_parallel_checkpoint("load_checkpoint")
         state = ds_checkpoint.load_state(load_dir, None if tag is None else str(tag))
         if state is None:
             return None, None
@@ -382,9 +385,18 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         return str(state.path), state.client_state
 
     def _module_state_dict(self) -> dict[str, torch.Tensor]:
-        """The full weights; stage 3 gathers them from the partitions (collective)."""
+        """The full weights; stage 3 gathers them from the partitions, AutoTP from the shards (collective)."""
         gathered = getattr(self.optimizer, "module_state_dict", None)
-        return gathered() if gathered is not None else self.module.state_dict()
+        if gathered is not None:
+            return gathered()
+        return ds_tpsp.tensor.full_state_dict(self.module, ds_tpsp.tensor.tp_group_of(self.module))
+
+    def _refuse_tensor_parallel_checkpoint(self, what: str) -> None:
+        if ds_tpsp.tensor.tp_group_of(self.module) is not None:
+            raise FeatureNotAvailableError(
+                f"{what} with tensor_parallel.autotp_size > 1 (AutoTP checkpoints) is not available in ds yet; "
+                "save the whole weights with engine.save_16bit_model(dir), which load into the unsplit model"
+            )
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
         """DeepSpeed's ZeRO-3 full state dict (what Accelerate's ``get_state_dict`` and the Trainer's
@@ -433,8 +445,8 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                         "zero_optimization.stage3_gather_16bit_weights_on_model_save to true"
                     )
                 return False
-        else:
-            state = self.module.state_dict()
+        else:  # the whole weights (AutoTP: gathered from the shards, a collective)
+            state = self._module_state_dict()
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}

@@ -21,6 +21,7 @@ from ds_engine._engine import DeepSpeedEngine
 from ds_engine._log_handler import AboveProgressBars
 from ds_engine._pipe_engine import PipelineEngine
 from ds_engine._pipe_setup import check_pipeline_config, pipeline_grid
+from ds_engine.topology import ParallelTopology, build_topology
 
 logger = logging.getLogger("ds_engine")
 
@@ -86,7 +87,14 @@ def initialize(
     check_local_rank(args, topology.local_rank)
     grid = pipeline_grid(model, mpu) if isinstance(model, ds_pipe.PipelineModule) else None
     mpu = grid if grid is not None else mpu
-    dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
+    parallel = _parallel_topology(source, mpu, topology.world_size)
+    dp_world_size = (
+        mpu.get_data_parallel_world_size()
+        if mpu is not None
+        else parallel.size("data")
+        if parallel is not None
+        else topology.world_size
+    )
     cfg = _load(
         source,
         dp_world_size,
@@ -108,10 +116,17 @@ def initialize(
         norm_group=grid.get_pipe_parallel_group()
         if grid is not None and grid.pipe_parallel_size > 1
         else None,
+        parallel=parallel,
     )
     loader = None
     if training_data is not None:
-        dp_rank = mpu.get_data_parallel_rank() if mpu is not None else topology.rank
+        dp_rank = (
+            mpu.get_data_parallel_rank()
+            if mpu is not None
+            else parallel.coord("data")
+            if parallel is not None
+            else topology.rank
+        )
         loader = build_dataloader(
             training_data,
             micro_batch_size=cfg.train_micro_batch_size_per_gpu,
@@ -138,6 +153,26 @@ def initialize(
     # DeepSpeed hands back its own wrapper only when there is one; at fp32 stage 0 it is the bare optimizer
     bare = cfg.precision == "fp32" and cfg.zero_optimization.stage == 0
     return engine, engine.basic_optimizer if bare else engine.optimizer, loader, engine.lr_scheduler
+
+
+def _parallel_topology(source: Any, mpu: Any, world_size: int) -> ParallelTopology | None:
+    """The job's topology when the config asks for tensor parallelism (``tensor_parallel.autotp_size``)."""
+    raw, _ = read_source(source)
+    section = raw.get("tensor_parallel") if isinstance(raw, Mapping) else None
+    tp = section.get("autotp_size") if isinstance(section, Mapping) else None
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp <= 1:
+        return None  # a bad value is load_config's to report
+    if mpu is not None:
+        raise InitializeError(
+            f"tensor_parallel.autotp_size {tp} with an mpu or a PipelineModule: AutoTP together with the mpu's "
+            "or a pipeline's groups is not available in ds; drop autotp_size or the mpu"
+        )
+    if world_size % tp:
+        raise InitializeError(
+            f"tensor_parallel.autotp_size {tp} does not divide the world size {world_size}; launch a multiple "
+            f"of {tp} ranks or pick an autotp_size among {[d for d in range(1, world_size + 1) if world_size % d == 0]}"
+        )
+    return build_topology(tensor=tp)
 
 
 def _load(source: Any, world_size: int, world_size_source: str, strict: bool | None) -> DSConfig:

@@ -74,7 +74,11 @@ class ColumnParallelLinear(nn.Module):
         self.group, self.gather_output, self.overlap_comm = group, gather_output, overlap_comm
         self.in_features, self.out_features = linear.in_features, linear.out_features // world
         self.weight = _shard_param(linear.weight, info, rank)
-        self.bias = _shard_param(linear.bias, ShardInfo(0, info.sizes, world), rank) if linear.bias is not None else None
+        self.bias = (
+            _shard_param(linear.bias, ShardInfo(0, info.sizes, world), rank)
+            if linear.bias is not None
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.overlap_comm and torch.is_grad_enabled():
@@ -91,7 +95,9 @@ class RowParallelLinear(nn.Module):
     """``nn.Linear`` with its input features split over ``group`` (its weight's dim 1); the partial outputs are
     summed over the group and the (whole) bias added after the sum."""
 
-    def __init__(self, linear: nn.Linear, group: ProcessGroup, *, sub_sizes: tuple[int, ...] | None = None) -> None:
+    def __init__(
+        self, linear: nn.Linear, group: ProcessGroup, *, sub_sizes: tuple[int, ...] | None = None
+    ) -> None:
         super().__init__()
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         info = ShardInfo(1, tuple(sub_sizes or (linear.in_features,)), world)

@@ -96,7 +96,18 @@ _HF_STYLES = {
 
 # The names of Hugging Face decoders' projections, for a model that brings no plan of its own
 _ROW_NAMES = ("o_proj", "down_proj", "out_proj", "dense_4h_to_h", "fc2", "w2", "wo")
-_COLUMN_NAMES = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "fc1", "dense_h_to_4h", "w1", "w3", "wi")
+_COLUMN_NAMES = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "gate_proj",
+    "up_proj",
+    "fc1",
+    "dense_h_to_4h",
+    "w1",
+    "w3",
+    "wi",
+)
 NAME_SPECS = (
     _p(_R, r".*\.(" + "|".join(_ROW_NAMES) + r")\.weight$"),
     _p(_C, r".*\.(" + "|".join(_COLUMN_NAMES) + r")\.weight$"),
@@ -141,7 +152,9 @@ def _from_config(section: Any) -> tuple[Spec, ...]:
         Spec(
             tuple(s.patterns),
             s.partition_type,
-            shape=tuple(tuple(d) if isinstance(d, list) else d for d in s.shape) if s.shape is not None else None,
+            shape=tuple(tuple(d) if isinstance(d, list) else d for d in s.shape)
+            if s.shape is not None
+            else None,
             partition_dim=s.partition_dim,
             model_types=tuple(s.model_types) if s.model_types else None,
             gather_output=s.gather_output,
@@ -151,7 +164,9 @@ def _from_config(section: Any) -> tuple[Spec, ...]:
     )
 
 
-def resolve_specs(model: nn.Module, partition_config: Any, preset_model: str | None) -> tuple[tuple[Spec, ...], str]:
+def resolve_specs(
+    model: nn.Module, partition_config: Any, preset_model: str | None
+) -> tuple[tuple[Spec, ...], str]:
     """``(specs, where they came from)`` for ``model``."""
     preset = PRESETS[preset_model] if preset_model else None
     if partition_config is not None:

@@ -37,6 +37,24 @@ class ShardPlan:
     source: str
     layers: dict[str, str] = field(default_factory=dict)  # module name -> "column" | "column+gather" | "row"
     grad_allreduce: list[str] = field(default_factory=list)  # whole weights whose gradient is summed
+    replaced: dict[int, nn.Parameter] = field(default_factory=dict)  # id(whole parameter) -> its shard
+
+    def remap(self, params: Any) -> list:
+        """``params`` (parameters, or optimizer param-group dicts) with each whole parameter that was split
+        replaced by its shard: an optimizer built before the split then steps the shards."""
+        out = []
+        for p in params:
+            if isinstance(p, dict):
+                p = {**p, "params": [self.replaced.get(id(q), q) for q in p["params"]]}
+            else:
+                p = self.replaced.get(id(p), p)
+            out.append(p)
+        return out
+
+    def remap_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Point a torch optimizer built before the split (with no state yet) at the shards, in place."""
+        for group in optimizer.param_groups:
+            group["params"] = [self.replaced.get(id(q), q) for q in group["params"]]
 
 
 def tp_group_of(model: nn.Module) -> ProcessGroup | None:
@@ -109,6 +127,9 @@ def shard_model(
         else:
             new = RowParallelLinear(linear, group, sub_sizes=sizes)
             plan.layers[name] = "row"
+        plan.replaced[id(linear.weight)] = new.weight
+        if linear.bias is not None:
+            plan.replaced[id(linear.bias)] = new.bias
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
     setattr(model, _GROUP_ATTR, group)
@@ -164,9 +185,13 @@ def _check_sizes(name: str, linear: nn.Linear, spec: Spec, degree: int) -> None:
     full = linear.weight.shape[dim]
     entry = spec.shape[dim] if spec.shape is not None else None
     if isinstance(entry, tuple) and sum(entry) != full:
-        raise TensorParallelError(f"{name}: the sub-weight sizes {list(entry)} do not add up to its {full} {what} features")
+        raise TensorParallelError(
+            f"{name}: the sub-weight sizes {list(entry)} do not add up to its {full} {what} features"
+        )
     if isinstance(entry, int) and entry > 0 and full % entry:
-        raise TensorParallelError(f"{name}: its {full} {what} features do not split into {entry} equal sub-weights")
+        raise TensorParallelError(
+            f"{name}: its {full} {what} features do not split into {entry} equal sub-weights"
+        )
     for size in _sub_sizes(linear, spec) or (full,):
         if size % degree:
             raise TensorParallelError(
@@ -208,4 +233,3 @@ def _summed_over(group: ProcessGroup):
         return grad
 
     return hook
-

@@ -39,7 +39,9 @@ def full_state_dict(model: nn.Module, group: ProcessGroup | None) -> dict[str, t
     return {k: gather_full(params[k], group).detach() if k in params else v for k, v in state.items()}
 
 
-def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor], group: ProcessGroup | None, strict: bool = True):
+def load_full_state_dict(
+    model: nn.Module, state: dict[str, torch.Tensor], group: ProcessGroup | None, strict: bool = True
+):
     """Load whole tensors (as :func:`full_state_dict` writes them) into the split ``model``."""
     params = dict(model.named_parameters(remove_duplicate=False))
     local = {k: shard_full(v, params[k], group) if k in params else v for k, v in state.items()}
