@@ -123,7 +123,9 @@ def _with_tp_model_init(raw: dict) -> dict:
     section = dict(raw.get("tensor_parallel") or {})
     given = section.get("autotp_size")
     if given is not None and given != tp_size:
-        raise ValueError(f"Conflicting tensor_parallel.autotp_size in config ({given}) and tp_model_init ({tp_size}).")
+        raise ValueError(
+            f"Conflicting tensor_parallel.autotp_size in config ({given}) and tp_model_init ({tp_size})."
+        )
     section["autotp_size"] = tp_size
     return {**raw, "tensor_parallel": section}
 
