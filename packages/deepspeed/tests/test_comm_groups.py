@@ -296,10 +296,9 @@ def test_cifar_style_moe_flag_names_moe_instead_of_an_attribute_error(ranks):
 
 
 def test_frameworks_sequence_and_tensor_parallel_entry_points_name_the_feature():
-    """Accelerate (sp_size > 1) and transformers (tp_size > 1) reach these; ds fails naming the feature."""
+    """Accelerate (sp_size > 1) reaches these; ds fails naming the feature (tp_model_init: test_tp_model_init.py)."""
     import inspect
 
-    import deepspeed
     from deepspeed.runtime.sequence_parallel.ulysses_sp import (
         UlyssesSPAttentionHF,
         UlyssesSPDataLoaderAdapter,
@@ -313,9 +312,6 @@ def test_frameworks_sequence_and_tensor_parallel_entry_points_name_the_feature()
                 model_name_or_path=None, sequence_parallel_size=2
             ),
             lambda: UlyssesSPDataLoaderAdapter(None, sp_rank=0, sp_group=None, sp_world_size=2, device="cpu"),
-        ],
-        "tensor parallelism": [
-            lambda: deepspeed.tp_model_init(torch.nn.Linear(2, 2), tp_size=2, dtype=torch.float32)
         ],
     }
     for feature, fns in calls.items():

@@ -24,7 +24,6 @@ DEEPSPEED_REFUSED: dict[str, str] = {
     "communication_data_type": "use fp32_allreduce: true for fp32 reductions (the gradient dtype otherwise)",
     "elasticity": "elastic batch sizing is not supported; give the batch sizes explicitly",
     # --- features of other axes (their owners give them their effect)
-    "tensor_parallel": "DeepSpeed's AutoTP training (tensor_parallel) is not in ds",
     "sequence_parallel_size": "sequence parallelism (Ulysses) is not in ds",
     "expert_parallel": "DeepSpeed's AutoEP expert parallelism (expert_parallel) is not in ds",
     # --- DeepSpeed features ds does not have
