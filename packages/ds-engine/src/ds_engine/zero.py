@@ -58,7 +58,10 @@ class Init(PartitionOnConstruction):
         if remote_device == "nvme":
             _check_nvme_config(config_dict_or_path or config)
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
-            raise ValueError("zero.Init: quantized weights (ZeRO++) are not supported by ds; remove the flag")
+            raise ValueError(
+                "zero.Init: ds takes ZeRO++'s quantized weights from the config, not from zero.Init: set "
+                "zero_optimization.zero_quantized_weights instead of the flag (nontrainable: not in ds)"
+            )
         for key, value in unsupported.items():
             if value not in (None, False):
                 raise ValueError(f"zero.Init({key}=...) is not supported by ds; remove it")
