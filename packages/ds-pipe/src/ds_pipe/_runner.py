@@ -33,6 +33,15 @@ class StageHooks(Protocol):
     def step(self) -> None: ...
 
 
+def _is_transport_error(exc: RuntimeError) -> bool:
+    """gloo's (and NCCL's) errors when the peer's process is gone or its connection broke."""
+    text = str(exc)
+    return any(
+        m in text
+        for m in ("Connection closed", "Connection reset", "gloo", "NCCL", "Broken pipe", "timed out")
+    )
+
+
 def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
     if torch.is_tensor(x):
         return (x,)
@@ -141,20 +150,33 @@ class PipelineRunner:
         try:
             for step in schedule:
                 for cmd in step:
-                    if self.trace is None:
-                        self._handlers[type(cmd)](cmd)
-                    else:
-                        t0 = time.perf_counter()
-                        self._handlers[type(cmd)](cmd)
-                        self.trace.append((cmd.name, t0, time.perf_counter()))
-        except PeerFailed as exc:
-            self._tell_neighbours()
-            raise PipelineError(
-                f"stage {self.stage_id}: a neighbouring stage failed ({exc}); see its error"
-            ) from None
+                    try:
+                        if self.trace is None:
+                            self._handlers[type(cmd)](cmd)
+                        else:
+                            t0 = time.perf_counter()
+                            self._handlers[type(cmd)](cmd)
+                            self.trace.append((cmd.name, t0, time.perf_counter()))
+                    except (PeerFailed, RuntimeError) as exc:
+                        peer = self._peer_of(cmd)
+                        if peer is None or (isinstance(exc, RuntimeError) and not _is_transport_error(exc)):
+                            raise
+                        raise PipelineError(
+                            f"stage {self.stage_id}: stage {peer} (rank {self.grid.pp_group[peer]}) failed or died "
+                            f"during {cmd.name} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); its own "
+                            "error says why"
+                        ) from None
         except BaseException:
             self._tell_neighbours()
             raise
+
+    def _peer_of(self, cmd: Any) -> int | None:
+        """The stage a point-to-point instruction talks to."""
+        if isinstance(cmd, (S.SendActivation, S.RecvGrad)):
+            return self.stage_id + 1
+        if isinstance(cmd, (S.RecvActivation, S.SendGrad)):
+            return self.stage_id - 1
+        return None
 
     def _tell_neighbours(self) -> None:
         for rank in (self.prev_rank, self.next_rank):
