@@ -178,3 +178,47 @@ def refusals(rank: int, world: int) -> dict:
         except AssertionError as exc:
             out[stage] = str(exc)
     return out
+
+
+def checkpoint_roundtrip(rank: int, world: int, stages: int, root: str, resume_stages: int) -> dict:
+    """Train 2 steps, save, train 2 more (the reference); then a fresh engine at ``resume_stages`` loads the
+    checkpoint and trains the same 2 steps (the optimizer state only when the degree is the same)."""
+    import ds_engine
+    from ds_engine.topology import reset_topology
+    from ds_pipe import PipelineModule
+
+    config = {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "Adam", "params": {"lr": 0.01}},
+    }
+
+    def engine_at(n):
+        reset_topology()
+        torch.manual_seed(99 + n)  # different initial weights: the load must replace them
+        model = PipelineModule(specs(), num_stages=n, loss_fn=loss_fn)
+        return ds_engine.initialize(model=model, config=copy.deepcopy(config))[0]
+
+    data = batches(0, 1, 8)
+    engine = engine_at(stages)
+    for i in range(2):
+        engine.train_batch(iter(data[2 * i : 2 * i + 2]))
+    engine.save_checkpoint(root, tag="t", client_state={"note": "kept"})
+    after = [float(engine.train_batch(iter(data[2 * i : 2 * i + 2]))) for i in (2, 3)]
+    if resume_stages != stages:
+        import ds_engine.topology as t
+        from ds_engine.topology import build_topology  # noqa: F401 - one topology per job: a new one is refused
+
+        t._CURRENT = None  # a test restarts the job in the same processes
+    resumed = engine_at(resume_stages)
+    same = resume_stages == stages
+    path, client = resumed.load_checkpoint(root, load_optimizer_states=same)
+    first = resumed.eval_batch(iter(data[4:6]))
+    again = [float(resumed.train_batch(iter(data[2 * i : 2 * i + 2]))) for i in (2, 3)]
+    error = None
+    if not same:
+        try:
+            resumed.load_checkpoint(root)
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            error = f"{type(exc).__name__}: {exc}"
+    return {"after": after, "again": again, "eval": float(first), "client": client, "error": error}

@@ -47,3 +47,18 @@ def test_zero_2_and_3_are_refused_as_deepspeed_refuses_them():
 
     for r in spawn(refusals, 2):
         assert r == {s: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" for s in (2, 3)}
+
+
+def test_checkpoint_resumes_at_the_same_degree_and_loads_weights_at_another(tmp_path):
+    from _pipe_workers import checkpoint_roundtrip
+
+    for r in spawn(checkpoint_roundtrip, 2, 2, str(tmp_path / "same"), 2):
+        assert r["again"] == pytest.approx(r["after"], rel=1e-6)  # weights, Adam moments, counters
+        assert r["client"] == {"note": "kept"}
+    files = sorted(p.name for p in (tmp_path / "same" / "t").glob("layer_*"))
+    assert files == [f"layer_{i:02d}-model_states.safetensors" for i in range(5)]  # the head holds no weights
+    # the same checkpoint as the plain model (one stage, 2 data-parallel ranks): the weights load, the
+    # first loss is the one the 2-stage run saw; its optimizer state is refused, naming the degrees
+    for r in spawn(checkpoint_roundtrip, 2, 2, str(tmp_path / "other"), 1):
+        assert r["eval"] == pytest.approx(r["after"][0], rel=1e-5)
+        assert "saved at 2 pipeline stages" in r["error"] and "load_optimizer_states=False" in r["error"]

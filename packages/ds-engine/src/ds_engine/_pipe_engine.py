@@ -15,6 +15,7 @@ from ds_launch import Topology
 from ds_engine._assemble import Parts
 from ds_engine._data import RepeatingLoader
 from ds_engine._engine import DeepSpeedEngine
+from ds_engine._pipe_checkpoint import load_pipeline_checkpoint, save_pipeline_checkpoint
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE
 
 __all__ = ["PipelineEngine"]
@@ -159,6 +160,42 @@ class PipelineEngine(DeepSpeedEngine):
 
     def reset_activation_shape(self) -> None:
         """Shapes travel with every message in ds; nothing to reset."""
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(
+        self,
+        save_dir: Any,
+        tag: Any = None,
+        client_state: dict | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
+        """Per-layer weight files and per-stage training state (``_pipe_checkpoint``); every rank calls it."""
+        if not save_dir:
+            raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
+        tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
+        save_pipeline_checkpoint(self, save_dir, tag, client_state or {})
+        return True
+
+    def load_checkpoint(
+        self,
+        load_dir: Any,
+        tag: Any = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ) -> tuple[str | None, dict | None]:
+        """Weights at any pipeline degree; optimizer state at the degree saved (else an error saying so)."""
+        return load_pipeline_checkpoint(
+            self,
+            load_dir,
+            None if tag is None else str(tag),
+            strict=load_module_strict,
+            load_optimizer_states=load_optimizer_states,
+            load_lr_scheduler_states=load_lr_scheduler_states,
+            load_module_only=load_module_only,
+        )
 
     # ------------------------------------------------------------------ what a pipeline refuses
     def forward(self, *args: Any, **kwargs: Any) -> Any:
