@@ -117,7 +117,24 @@ def test_runner_classes():
     assert {k: v.__name__ for k, v in runner.LAUNCHER_CLASSES.items()} == RECORD["launcher_classes"]
 
 
-@pytest.mark.parametrize("name", ["IMPIRunner", "SlurmRunner"])
+def test_slurm_runner_runs_ds_launch_slurm_launcher():
+    args = runner.parse_args(
+        ["--launcher", "slurm", "-H", "hf", "--master_port", "29600", "train.py", "--lr", "1"]
+    )
+    slurm = multinode_runner.SlurmRunner(args, "e30=", {"a": 2, "b": 2})
+    slurm.add_export("OMP_NUM_THREADS", "2")
+    assert slurm.name == "slurm"
+    cmd = slurm.get_cmd({}, {"a": [0, 1], "b": [0, 1]})
+    hosts = runner.encode_world_info({"a": [0, 1], "b": [0, 1]})
+    assert cmd[3:] == ["--launcher", "slurm", f"--resources={hosts}", "--master_port", "29600",
+                       "--export=OMP_NUM_THREADS=2", "train.py", "--lr", "1"]  # fmt: skip
+    with pytest.raises(ValueError, match="slurm backend cannot select specific device ids"):
+        multinode_runner.SlurmRunner.validate_active_resources({"a": [1]})
+    with pytest.raises(ValueError, match="slurm backend needs the same slot count on every host"):
+        multinode_runner.SlurmRunner.validate_active_resources({"a": [0, 1], "b": [0]})
+
+
+@pytest.mark.parametrize("name", ["IMPIRunner"])
 def test_backends_ds_lacks_fail_naming_them(name):
     from deepspeed import FeatureNotAvailableError
 

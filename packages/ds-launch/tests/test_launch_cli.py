@@ -100,7 +100,7 @@ def test_local_rank_specs_cuda_visible_devices():
 CLI_ERRORS = [
     (["--include", "localhost", "--num_procs", "2"], "Cannot specify num_nodes/gpus with include/exclude"),
     (["--num_nodes", "2"], "Num nodes is >1 but no extra nodes available via hostfile"),
-    (["--launcher", "slurm"], "invalid choice: 'slurm'"),
+    (["--launcher", "impi"], "invalid choice: 'impi'"),
 ]
 
 

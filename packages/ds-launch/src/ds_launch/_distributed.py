@@ -23,6 +23,7 @@ from ._discovery import Discovered, LaunchEnvError, discover_from_env, mpi_runti
 from ._excepthook import install_excepthook
 from ._mpi_discovery import MPI_INSTALL_HINT, mpi_world
 from ._netif import interface_to
+from ._slurm import slurm_master
 from ._topology import Topology
 
 __all__ = ["init_distributed"]
@@ -132,6 +133,9 @@ def _mpi_rendezvous(distributed_port: int, timeout: timedelta, env: Mapping[str,
 
 def _need_master(found: Discovered, env: Mapping[str, str], auto_mpi_discovery: bool) -> tuple[str, int]:
     missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not env.get(name)]
+    if missing and found.source == "slurm" and (master := slurm_master(env)) is not None:
+        # started by srun itself: rank 0 runs on the step's first host; the port follows from the job id
+        return env.get("MASTER_ADDR") or master[0], _env_port(env) or master[1]
     if missing:
         if found.source == "env:RANK":
             why = "the launcher did not set them"

@@ -29,7 +29,7 @@ __all__ = ["EVENTS_DIR_ENV", "RANK_ENV_NAMES", "main", "rank_from_env"]
 
 EVENTS_DIR_ENV = "DS_LAUNCH_EVENTS_DIR"
 # ds-launch's local launcher sets RANK; under mpirun the MPI runtime says it.
-RANK_ENV_NAMES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
+RANK_ENV_NAMES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID")
 # Fragments of the errors gloo and NCCL raise in a rank whose peer went away: such a rank failed
 # because of another one, which the launcher should name first.
 _PEER_LOST_MARKERS = ("connection closed by peer", "connection reset by peer", "broken pipe")

@@ -22,6 +22,7 @@ from ._hostfile import HostfileError, parse_hostfile, select_resources
 from ._monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, Monitor
 from ._mpirun import MpirunNotFound, build_hydra_command, build_mpirun_command, find_mpirun
 from ._rank_entry import EVENTS_DIR_ENV
+from ._slurm import SlurmNotFound, build_srun_command, find_srun
 from ._ssh import (
     RemoteShellError,
     decode_world_info,
@@ -38,7 +39,7 @@ from ._supervise import ChildSpec, Job, die_with_parent, run_supervised
 __all__ = ["main", "build_parser", "local_rank_specs", "mpi_command", "program_argv"]
 
 DEFAULT_HOSTFILE = "/job/hostfile"
-LAUNCHERS = ("local", "mpi", "mpich", "ssh", "pdsh")
+LAUNCHERS = ("local", "mpi", "mpich", "ssh", "pdsh", "slurm")
 DEFAULT_REMOTE_MASTER_PORT = 29500  # DeepSpeed's; across hosts no one host can pick a free port for all
 _LAUNCHER_ALIASES = {"openmpi": "mpi", "mvapich": "mpich"}
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
@@ -73,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         choices=[*LAUNCHERS, *_LAUNCHER_ALIASES],
         help="local: spawn ranks here (one host only); ssh: a node launcher per host over --ssh_cmd; "
-        "pdsh: the same through pdsh; mpi: run (Open MPI's) mpirun; mpich: an MPICH/MVAPICH (Hydra) mpirun "
-        "(default: mpi with >1 host)",
+        "pdsh: the same through pdsh; mpi: run (Open MPI's) mpirun; mpich: an MPICH/MVAPICH (Hydra) mpirun; "
+        "slurm: run srun (default: mpi with >1 host)",
     )
     p.add_argument(
         "--launcher_args", default="", help="extra mpirun (or pdsh) arguments, split like a shell would"
@@ -419,6 +420,28 @@ def _launch_mpi(
     return run_supervised([ChildSpec("mpirun", cmd, dict(os.environ))], job, args.timeout or None, args.grace)
 
 
+def _launch_slurm(
+    args: argparse.Namespace, active: dict[str, list[int]], events_dir: str, monitor: Monitor
+) -> int:
+    """srun, inside the job's allocation (or making one): each task finds its rank from Slurm's variables,
+    rank 0's address is the first host's, as the ssh launcher finds it; every rank reports to the monitor."""
+    master_port = args.master_port or DEFAULT_REMOTE_MASTER_PORT
+    master_addr = args.master_addr or next(iter(active))
+    extra = {**_exports(args), EVENTS_DIR_ENV: events_dir, MONITOR_ENV: monitor.endpoints(),
+             "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port)}  # fmt: skip
+    exports = exported_environment(os.environ, Path.cwd(), extra)
+    try:
+        cmd = build_srun_command(
+            find_srun(), active, [*program_argv(args), *args.user_args], shlex.split(args.launcher_args)
+        )
+    except ValueError as exc:
+        raise HostfileError(str(exc)) from None
+    print(f"ds-launch: running {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    job = Job(sum(len(slots) for slots in active.values()), Path(events_dir), monitor=monitor)
+    env = {**os.environ, **exports}
+    return run_supervised([ChildSpec("srun", cmd, env)], job, args.timeout or None, args.grace)
+
+
 @contextlib.contextmanager
 def _monitor(args: argparse.Namespace, active: dict[str, list[int]], exits_seen: bool) -> Iterator[Monitor]:
     """The heartbeat monitor of one job (``_monitor``): every rank reports to it, from any host."""
@@ -471,8 +494,10 @@ def run(argv: Sequence[str] | None = None) -> int:
             tempfile.TemporaryDirectory(prefix="ds-launch-events-") as events_dir,
             _monitor(args, active, exits_seen=False) as monitor,
         ):
+            if launcher == "slurm":
+                return _launch_slurm(args, active, events_dir, monitor)
             return _launch_mpi(args, active, events_dir, monitor, launcher)
-    except (HostfileError, EnvFileError, MpirunNotFound, RemoteShellError) as exc:
+    except (HostfileError, EnvFileError, MpirunNotFound, RemoteShellError, SlurmNotFound) as exc:
         parser.error(str(exc))
     except (OSError, subprocess.SubprocessError) as exc:
         print(f"ds-launch: could not start the job: {exc}", file=sys.stderr)

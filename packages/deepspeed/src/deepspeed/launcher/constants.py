@@ -1,6 +1,6 @@
 """DeepSpeed's ``deepspeed.launcher.constants``: the launcher names the ``deepspeed`` command accepts.
 
-pdsh and openmpi run through ds-launch (its pdsh/ssh and mpi launchers); mpich, impi, slurm and mvapich are
+pdsh, openmpi and slurm run through ds-launch (its pdsh/ssh, mpi and slurm launchers); mpich, impi and mvapich are
 known names that fail with ``FeatureNotAvailableError`` (``deepspeed.launcher.multinode_runner``).
 """
 

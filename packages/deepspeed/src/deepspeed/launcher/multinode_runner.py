@@ -1,8 +1,8 @@
 """DeepSpeed's ``deepspeed.launcher.multinode_runner``: the multi-host backends, as ds runs them.
 
 Each runner's ``get_cmd`` returns the command ds actually runs: a ds-launch command line
-(``python -m ds_launch.cli --launcher pdsh|ssh|mpi|mpich --resources=<the hosts> ...``), which starts a node
-launcher on every host over pdsh or ssh, or runs mpirun, and supervises them (a host that fails ends the job
+(``python -m ds_launch.cli --launcher pdsh|ssh|mpi|mpich|slurm --resources=<the hosts> ...``), which starts a
+node launcher on every host over pdsh or ssh, or runs mpirun or srun, and supervises them (a host that fails ends the job
 non-zero, naming it). The hosts and slots are the ``active_resources`` given to ``get_cmd``
 (``{host: [slots]}``, or ``{host: count}`` as DeepSpeed's tests pass them). What a user relies on is DeepSpeed's:
 the hosts and process counts, ``--launcher_args`` placed where DeepSpeed places them, the NIC options
@@ -10,7 +10,7 @@ the hosts and process counts, ``--launcher_args`` placed where DeepSpeed places 
 ``--launcher_args`` names ``btl_tcp_if_include``), the exports (``UCX_TLS=tcp``; MVAPICH's ``MV2_*``) and
 ``PDSH_RCMD_TYPE=ssh`` in the returned environment. ``PDSHRunner`` uses pdsh when it is installed and plain ssh
 otherwise; ``MPICHRunner`` and ``MVAPICHRunner`` run ds-launch's mpich launcher (Hydra's ``mpirun -n -ppn
--hosts -genv``). The impi and slurm backends are not in ds: constructing one raises
+-hosts -genv``); ``SlurmRunner`` its slurm launcher (``srun``). The impi backend is not in ds: constructing one raises
 ``FeatureNotAvailableError``.
 """
 
@@ -285,7 +285,7 @@ class _Unavailable(MultiNodeRunner):
     def __init__(self, args: argparse.Namespace, world_info_base64: str, resource_pool: Any = None):
         raise FeatureNotAvailableError(
             f"deepspeed --launcher {self.launcher}: the {self.launcher} launcher is not available in ds "
-            "(DeepSpeed has it, ds does not); use --launcher pdsh (pdsh or ssh), openmpi, mpich or mvapich"
+            "(DeepSpeed has it, ds does not); use --launcher pdsh (pdsh or ssh), openmpi, mpich, mvapich or slurm"
         )
 
     def backend_exists(self) -> Any:
@@ -299,5 +299,36 @@ class IMPIRunner(_Unavailable):
     launcher = "impi"
 
 
-class SlurmRunner(_Unavailable):
-    launcher = "slurm"
+class SlurmRunner(MultiNodeRunner):
+    """srun: ds-launch's slurm launcher (each task finds its rank from Slurm's variables)."""
+
+    def __init__(self, args: argparse.Namespace, world_info_base64: str, resource_pool: Mapping[str, int]):
+        super().__init__(args, world_info_base64)
+        self.resource_pool = resource_pool
+
+    def backend_exists(self) -> Any:
+        return shutil.which("sinfo")  # DeepSpeed's test for a Slurm cluster
+
+    @property
+    def name(self) -> str:
+        return "slurm"
+
+    @classmethod
+    def validate_active_resources(cls, active_resources: Mapping[str, Sequence[int]]) -> None:
+        """srun places ranks by count: the first N slots of every host, the same N everywhere (as DeepSpeed)."""
+        for hostname, slots in active_resources.items():
+            if list(slots) != list(range(len(slots))):
+                raise ValueError(
+                    f"slurm backend cannot select specific device ids, got {list(slots)} on {hostname}. "
+                    "Filter whole hosts, or keep the first N slots on every host."
+                )
+        counts = {hostname: len(slots) for hostname, slots in active_resources.items()}
+        if len(set(counts.values())) > 1:
+            raise ValueError(f"slurm backend needs the same slot count on every host, got {counts}.")
+
+    def get_cmd(
+        self, environment: dict[str, str], active_resources: Mapping[str, Sequence[int]]
+    ) -> list[str]:
+        return ds_launch_argv(
+            self.args, active_resources, "slurm", self._unquoted_exports(), hosts=active_resources
+        )

@@ -118,8 +118,8 @@ def parse_args(args: Sequence[str] | None = None) -> argparse.Namespace:
         "--launcher",
         default=PDSH_LAUNCHER,
         type=str,
-        help="multi-host backend: pdsh (pdsh when installed, else ssh), openmpi, mpich or mvapich; impi and "
-        "slurm are not available in ds",
+        help="multi-host backend: pdsh (pdsh when installed, else ssh), openmpi, mpich, mvapich or slurm (srun); "
+        "impi is not available in ds",
     )
     p.add_argument("--launcher_args", default="", type=str, help="arguments for pdsh or mpirun, one string")
     p.add_argument("--module", action="store_true", help="run the script as a module (python -m)")
