@@ -96,8 +96,8 @@ ENGINE_ABSENT: dict[str, str] = {
         "engine.compile / DeepCompile and its passes: not in ds",
     ),
     **dict.fromkeys(
-        [_E + n for n in "autotp_size tensor_parallel_config get_sequence_parallel_group".split()],
-        "AutoTP tensor parallelism and sequence parallelism: not in ds (data-parallel only)",
+        [_E + n for n in "autotp_size tensor_parallel_config".split()],
+        "AutoTP tensor parallelism: not in ds (data-parallel only)",
     ),
     _E + "load_moe_state_dict": "MoE: not in ds",
     _E + "print_forward_breakdown": "MoE gate/all-to-all timing: MoE is not in ds",
@@ -233,7 +233,6 @@ ABSENT: dict[str, str] = {
     "deepspeed.runtime.pipe": _PIPE,
     "deepspeed.moe": _MOE,
     "deepspeed.runtime.tensor_parallel": _TP,
-    "deepspeed.runtime.sequence_parallel": _TP,
     "deepspeed.runtime.domino": _TP,
     "deepspeed.runtime.data_pipeline": "data efficiency (curriculum learning, data sampling, random-LTD): not in ds",
     "deepspeed.runtime.swap_tensor": _NVME,

@@ -884,6 +884,7 @@ class DSConfig(_Section):
         False, description="Allow ZeRO with an optimizer other than Adam/AdamW (untested combinations)."
     )
     steps_per_print: JsonInt = Field(10, ge=1, description="Log progress every this many optimizer steps.")
+    sequence_parallel_size: JsonInt = Field(1, ge=1, description="DeepSpeed-Ulysses sequence-parallel degree: each sequence is split over this many consecutive ranks; the data-parallel size (and the batch math) is the world size divided by it, and ZeRO reduces and partitions over data x sequence.")  # noqa: E501
 
     @field_validator("steps_per_print", mode="before")
     @classmethod

@@ -154,7 +154,8 @@ def assemble(
             module=model,
             model_parallel_group=mp_group,
         )
-    if cfg.zero_optimization.stage == 0 and dp_world_size > 1:  # amp is never ZeRO (ds_config rejects it)
+    reducing = dist.get_world_size(dp_group) if dp_group is not None else dp_world_size  # sp: data x sequence
+    if cfg.zero_optimization.stage == 0 and reducing > 1:  # amp is never ZeRO (ds_config rejects it)
         # with fp32 gradient accumulation the precision wrapper says which buffers hold the gradients
         targets = wrapped.reduction_params() if hasattr(wrapped, "reduction_params") else None
         reducer = ds_zero.GradientReducer.from_config(

@@ -17,6 +17,8 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.stage",
     "zero_optimization.offload_optimizer.device",
     "gradient_clipping",
+    # _initialize / _sequence / DeepSpeedEngine.backward: Ulysses groups and gradient scale
+    "sequence_parallel_size",
     # DeepSpeedEngine: logging, timers, checkpoints
     "steps_per_print",
     "wall_clock_breakdown",

@@ -153,6 +153,8 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         self._require_optimizer("backward")
         gas = self.gradient_accumulation_steps() if scale_wrt_gas else 1
         scaled = loss.float() / gas if gas > 1 else loss
+        sp = self.ds_config.sequence_parallel_size if self.ds_config.zero_optimization.stage < 3 else 1
+        scaled = scaled * sp if sp > 1 else scaled  # DeepSpeed 0.19.8's Ulysses gradient: see _sequence.py
         # inside no_sync() the boundary backward keeps its gradients local, as DeepSpeed's does
         boundary = self.is_gradient_accumulation_boundary() and not self._inside_no_sync
         self._kept_local = self._inside_no_sync
@@ -160,7 +162,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         if self.is_gradient_accumulation_boundary() and self.monitor.enabled:
             self.monitor.write_events([("Train/Samples/train_loss", loss.mean().item(), self.global_samples)])
         # gradients a script's own backward left in .grad are reduced with this one, unscaled (see _grad_guard)
-        unscaled_ok = gas == 1 and self.parts.scaler is None and not self.ds_config.amp.enabled
+        unscaled_ok = gas == 1 and sp == 1 and self.parts.scaler is None and not self.ds_config.amp.enabled
         with self.timers.time(BACKWARD), self._outside.engine_backward(adopt_earlier=unscaled_ok):
             if reducer is not None:
                 reducer.set_boundary(boundary)

@@ -12,6 +12,8 @@ import torch
 from ds_config import DSConfig
 from ds_launch import Topology
 
+from ds_engine.topology import get_topology
+
 
 class ConfigGetters:
     """Mixed into ``DeepSpeedEngine``; expects ``config``, ``topology``, ``parts`` and ``optimizer``."""
@@ -172,6 +174,28 @@ class ConfigGetters:
     @property
     def mp_world_size(self) -> int:
         return self.topology.world_size // self.parts.dp_world_size
+
+    # ------------------------------------------------------------------ sequence parallelism (Ulysses)
+    @property
+    def sequence_parallel_size(self) -> int:
+        return self.ds_config.sequence_parallel_size
+
+    def get_sequence_parallel_group(self) -> Any:
+        """The sequence-parallel group (the topology's ``sequence`` axis)."""
+        return get_topology().group("sequence")
+
+    @property
+    def seq_parallel_group(self) -> Any:
+        return self.get_sequence_parallel_group()
+
+    @property
+    def seq_data_parallel_group(self) -> Any:
+        """ZeRO's group: data x sequence (the data-parallel group without sequence parallelism)."""
+        return self.data_parallel_group
+
+    @property
+    def seq_dp_world_size(self) -> int:
+        return self.parts.dp_world_size * self.sequence_parallel_size
 
     @property
     def data_parallel_group(self) -> Any:

@@ -21,6 +21,7 @@ from ds_engine._engine import DeepSpeedEngine
 from ds_engine._log_handler import AboveProgressBars
 from ds_engine._pipe_engine import PipelineEngine
 from ds_engine._pipe_setup import check_pipeline_config, pipeline_grid
+from ds_engine._sequence import is_sequence_mpu, sequence_grid, sequence_parallel_hint, sequence_parallel_size
 from ds_engine.topology import ParallelTopology, build_topology
 
 logger = logging.getLogger("ds_engine")
@@ -87,6 +88,7 @@ def initialize(
     check_local_rank(args, topology.local_rank)
     grid = pipeline_grid(model, mpu) if isinstance(model, ds_pipe.PipelineModule) else None
     mpu = grid if grid is not None else mpu
+    sequence_mpu, mpu = (mpu, None) if is_sequence_mpu(mpu) else (None, mpu)  # replaced by a grid below
     parallel = _parallel_topology(source, mpu, topology.world_size)
     dp_world_size = (
         mpu.get_data_parallel_world_size()
@@ -95,6 +97,7 @@ def initialize(
         if parallel is not None
         else topology.world_size
     )
+    dp_world_size //= sequence_parallel_hint(source, sequence_mpu, dp_world_size)  # the batch math: world / sp
     cfg = _load(
         source,
         dp_world_size,
@@ -105,6 +108,15 @@ def initialize(
     )
     if grid is not None:
         check_pipeline_config(cfg)
+    sp = sequence_parallel_size(cfg, sequence_mpu, topology.world_size)
+    if sp > 1:  # Ulysses: the topology's sequence axis; the batch math's data-parallel size is world / sp
+        if grid is not None or parallel is not None:
+            raise InitializeError(
+                f"sequence_parallel_size {sp} together with a PipelineModule or tensor_parallel.autotp_size is not "
+                "in ds: use one of them"
+            )
+        mpu = sequence_grid(sp)
+        cfg = cfg.model_copy(update={"sequence_parallel_size": sp})  # the mpu's degree, when it gave it
     parts = assemble(
         model,
         cfg,

@@ -1,1 +1,1 @@
-"""DeepSpeed's ``deepspeed.runtime.sequence_parallel``: sequence parallelism is not in ds (see ``ulysses_sp``)."""
+"""DeepSpeed's ``deepspeed.runtime.sequence_parallel``: the Ulysses mpu (``parallel_state_sp``) and ALST (``ulysses_sp``)."""
