@@ -301,7 +301,6 @@ ABSENT: dict[str, str] = {
     "deepspeed.runtime.zero.partitioned_param_coordinator": "DeepSpeed's stage-3 prefetch coordinator: ds_zero.stage3's FetchSchedule",
     "deepspeed.runtime.zero.partitioned_param_profiler": _INTERNAL,
     "deepspeed.runtime.zero.contiguous_memory_allocator": _INTERNAL,
-    "deepspeed.runtime.zero.utils": _INTERNAL,
     "deepspeed.runtime.fp16.fused_optimizer": (
         "DeepSpeed's fp16 optimizer's timer names and the methods of its internals: ds's fp16 optimizer is "
         "ds_precision.MixedPrecisionOptimizer (isinstance(opt, FP16_Optimizer) holds for it)"

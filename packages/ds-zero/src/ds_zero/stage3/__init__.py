@@ -7,7 +7,7 @@ model as it is built; ``GatheredParameters`` makes parameters whole for a block.
 from ._construct import PartitionOnConstruction
 from ._gathered import GatheredParameters
 from ._heap import fix_mmap_threshold
-from ._hooks import register_external_parameter
+from ._hooks import register_external_parameter, unregister_external_parameter
 from ._optimizer import ZeroStage3Optimizer
 from ._options import CONFIG_FIELDS_STAGE3, Stage3Options
 from ._status import ZeroParamStatus
@@ -23,4 +23,5 @@ __all__ = [
     "ZeroStage3Optimizer",
     "fix_mmap_threshold",
     "register_external_parameter",
+    "unregister_external_parameter",
 ]

@@ -3,6 +3,9 @@
 A module's parameters exist whole only until the outermost ``__init__`` of that module returns; then
 each is broadcast from rank 0 (so every rank starts from the same weights, as DeepSpeed does), cut into
 ``dp`` equal chunks and replaced by an empty tensor. The whole model therefore never exists on a rank.
+Inside the context ``nn.Module.apply`` sees the cut parameters whole, as under DeepSpeed's ``zero.Init``: a
+parent that initialises its children's weights (``self.apply(self._init_weights)`` in its ``__init__``)
+gets them gathered, and rank 0's values are kept (``GatheredParameters(..., modifier_rank=0)``).
 The stage-3 optimizer later moves the chunks into its flat partitions (``full_value``, one parameter at a
 time).
 """
@@ -16,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .._comm import ProcessGroup, global_rank, group_rank, group_size
-from ._status import mark
+from ._status import ZeroParamStatus, mark, set_status
 
 __all__ = [
     "PartitionOnConstruction",
@@ -92,6 +95,8 @@ class PartitionOnConstruction:
         self.enabled = enabled
         self._originals: dict[type, Any] = {}
         self._had_init_subclass = False
+        self._apply: Any = None
+        self._applying = False
 
     def __enter__(self) -> PartitionOnConstruction:
         if not self.enabled:
@@ -112,7 +117,32 @@ class PartitionOnConstruction:
             ctx._wrap(cls)
 
         nn.Module.__init_subclass__ = classmethod(init_subclass)
+        self._wrap_apply()
         return self
+
+    def _wrap_apply(self) -> None:
+        """``module.apply(fn)`` on whole parameters: the outermost call gathers the cut ones (rank 0 modifies)."""
+        original, ctx = nn.Module.apply, self
+
+        def apply(module: nn.Module, fn: Any) -> nn.Module:
+            cut_params = [p for p in module.parameters() if is_constructed_partitioned(p)]
+            if ctx._applying or not cut_params:
+                return original(module, fn)
+            ctx._applying = True
+            for p in cut_params:  # whole, as GatheredParameters(cut_params, modifier_rank=0) makes them
+                p.data = full_value(p).clone()
+                set_status(p, ZeroParamStatus.AVAILABLE)
+            try:
+                return original(module, fn)
+            finally:
+                ctx._applying = False
+                for p in cut_params:  # rank 0's values, cut again
+                    if group_size(p.ds_group) > 1:
+                        dist.broadcast(p.data, src=global_rank(p.ds_group, 0), group=p.ds_group)
+                    cut(p, p.data, p.ds_group)
+
+        self._apply = original
+        nn.Module.apply = apply
 
     def __exit__(self, *exc: object) -> None:
         if not self.enabled:
@@ -122,6 +152,9 @@ class PartitionOnConstruction:
         self._originals.clear()
         if not self._had_init_subclass:
             del nn.Module.__init_subclass__
+        if self._apply is not None:
+            nn.Module.apply = self._apply
+            self._apply = None
 
     def _wrap(self, cls: type) -> None:
         original = cls.__dict__.get("__init__")

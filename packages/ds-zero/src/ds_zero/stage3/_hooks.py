@@ -28,18 +28,29 @@ from .._weak_hook import weak_post_accumulate_grad_hook
 from ._fetch import FetchSchedule
 from ._partition import ParamSlot, PartitionedParams
 
-__all__ = ["GatherHooks", "register_external_parameter"]
+__all__ = ["GatherHooks", "register_external_parameter", "unregister_external_parameter"]
 
 
 def register_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
     """Gather ``parameter`` for ``module``'s forward and backward too (DeepSpeed's name and meaning).
 
     For a parameter that ``module``'s forward uses although another module registers it (a parent
-    computing ``x @ self.embedding.weight.t()``). Call it before the stage-3 optimizer is built.
+    computing ``x @ self.embedding.weight.t()``). Call it before the stage-3 optimizer is built. They are kept
+    where DeepSpeed keeps them: ``module._external_params``, ``{id(parameter): parameter}``.
     """
-    external = module.__dict__.setdefault("_ds_external_params", [])
-    if not any(p is parameter for p in external):
-        external.append(parameter)
+    if not isinstance(parameter, nn.Parameter):
+        raise RuntimeError("Parameter is not a torch.nn.Parameter")
+    module.__dict__.setdefault("_external_params", {})[id(parameter)] = parameter
+
+
+def unregister_external_parameter(module: nn.Module, parameter: nn.Parameter) -> None:
+    """Undo ``register_external_parameter`` (DeepSpeed's name, errors and meaning)."""
+    if not isinstance(parameter, nn.Parameter):
+        raise RuntimeError("Parameter is not a torch.nn.Parameter")
+    external = module.__dict__.get("_external_params", {})
+    if id(parameter) not in external:
+        raise RuntimeError("Parameter is not a registered external parameter of module.")
+    del external[id(parameter)]
 
 
 class GatherHooks:
@@ -64,7 +75,9 @@ class GatherHooks:
         self._returned: list[ParamSlot] = []  # parameters some module's forward returned (see the docstring)
         for m in module.modules():
             # its own parameters, and those it uses but another module registers (register_external_parameter)
-            slots = params.slots_of([*m._parameters.values(), *getattr(m, "_ds_external_params", ())])
+            slots = params.slots_of(
+                [*m._parameters.values(), *m.__dict__.get("_external_params", {}).values()]
+            )
             if slots:
                 self._handles.append(m.register_forward_pre_hook(partial(self._pre_forward, slots)))
                 self._handles.append(m.register_forward_hook(partial(self._post_forward, slots)))

@@ -1,6 +1,9 @@
 """DeepSpeed's ``deepspeed.runtime.zero.partition_parameters``: stage 3's ``Init`` and its helpers.
 
-``Init``, ``GatheredParameters`` and ``register_external_parameter`` are ds_engine.zero's.
+``Init``, ``GatheredParameters`` and ``register_external_parameter`` are ds_engine.zero's;
+``unregister_external_parameter`` is ds_zero's (both keep a module's external parameters where DeepSpeed does,
+``module._external_params``). ``partitioned_param_data_shape`` is the shape a partitioned parameter shows
+(``param.shape``; its data lives in ``ds_tensor``), ``[0]`` as in DeepSpeed.
 
 ``zero_wrapper_for_fp_tensor_constructor`` and ``_orig_torch_arange`` are here because transformers
 patches the first around ``zero.Init`` (to keep ``torch.arange`` from being cast). DeepSpeed's
@@ -20,6 +23,10 @@ import torch
 from ds_engine._missing import missing_class
 from ds_engine.accelerator import get_accelerator
 from ds_engine.zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter
+from ds_zero.stage3 import unregister_external_parameter
+
+# what a partitioned parameter's own shape is (its data is in ds_tensor): DeepSpeed's module global
+partitioned_param_data_shape = [0]
 
 # torch's constructors as they were before any zero.Init (DeepSpeed keeps these names)
 _orig_torch_tensor = torch.tensor
@@ -48,11 +55,22 @@ def zero_wrapper_for_fp_tensor_constructor(
     return wrapped
 
 
+class MultipleAllGatherHandles:
+    """Several all-gather handles waited on as one; ``wait`` passes ``handle_dependency`` to each by keyword, as
+    DeepSpeed's does (ds's own stage 3 hands out no handles: this groups handles code makes itself)."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        for handle in self.handles:
+            handle.wait(handle_dependency=handle_dependency)
+
+
 # DeepSpeed's handles of its per-parameter all-gathers: ds's stage 3 gathers a module's parameters from its
 # flat partition on its own fetch schedule, and hands out no handles.
 _HANDLES = "DeepSpeed's stage-3 all-gather handles (ds gathers from its flat partition and returns none)"
 _USE = "Gather parameters with deepspeed.zero.GatheredParameters (or let the module's forward gather them)."
-MultipleAllGatherHandles = missing_class(__name__, "MultipleAllGatherHandles", _HANDLES, _USE)
 AllGatherHandle = missing_class(__name__, "AllGatherHandle", _HANDLES, _USE)
 AllGatherCoalescedHandle = missing_class(__name__, "AllGatherCoalescedHandle", _HANDLES, _USE)
 AllReduceCoalescedHandle = missing_class(__name__, "AllReduceCoalescedHandle", _HANDLES, _USE)
@@ -69,6 +87,8 @@ __all__ = [
     "GatheredParameters",
     "Init",
     "ZeroParamStatus",
+    "partitioned_param_data_shape",
     "register_external_parameter",
+    "unregister_external_parameter",
     "zero_wrapper_for_fp_tensor_constructor",
 ]
