@@ -22,7 +22,6 @@ DEEPSPEED_REFUSED: dict[str, str] = {
     # --- keys that ds refused before this table: kept with their words
     "zero_optimization.legacy_stage1": "legacy stage 1 is not supported (as in DeepSpeed >= 0.5.9); remove it",
     "communication_data_type": "use fp32_allreduce: true for fp32 reductions (the gradient dtype otherwise)",
-    "elasticity": "elastic batch sizing is not supported; give the batch sizes explicitly",
     # --- features of other axes (their owners give them their effect)
     "sequence_parallel_size": "sequence parallelism (Ulysses) is not in ds",
     "expert_parallel": "DeepSpeed's AutoEP expert parallelism (expert_parallel) is not in ds",

@@ -30,6 +30,17 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "data_types.grad_accum_dtype",  # sets bf16.grad_accum_dtype, or is refused (_rules.grad_accum_dtype)
     "zero_optimization.zero_quantized_nontrainable_weights",  # refused when true (not available in ds)
     "tensor_parallel.tp.tp_size",  # checked against autotp_size (_rules.py)
+    # elastic batch sizing: load_config derives the three batch sizes from them (_elasticity.py)
+    "elasticity.enabled",
+    "elasticity.max_train_batch_size",
+    "elasticity.micro_batch_sizes",
+    "elasticity.min_gpus",
+    "elasticity.max_gpus",
+    "elasticity.version",
+    "elasticity.prefer_larger_batch",
+    "elasticity.ignore_non_elastic_batch_info",
+    "elasticity.num_gpus_per_node",
+    "elasticity.model_parallel_size",
 )
 
 _PIPE_MODULE_DECIDES = (
@@ -66,6 +77,10 @@ _TP_NO_EFFECT = {
 }
 
 NO_EFFECT: dict[str, str] = {
+    "elasticity.min_time": (
+        "a hint for a resource scheduler (how long a job runs before it is rescaled); DeepSpeed's runtime "
+        "only checks it is >= 0, and so does ds"
+    ),
     "zero_optimization.elastic_checkpoint": (
         "ds checkpoints always load at any world size (optimizer state included), so there is nothing to "
         "switch on"

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._batch import BatchSizes, derive_batch_sizes
+from ._elasticity import ElasticityError, elastic_batch
 from ._errors import ConfigError, ConfigProblem
 from ._fields import warn_no_effect
 from ._models import SPARSE_ATTENTION_MODES, DSConfig
@@ -69,7 +70,9 @@ def load_config(
         raise ConfigError(problems, origin) from None
     problems += check_rules(cfg)
     batch = None
-    if not any(p.path in _BATCH_KEYS for p in problems):
+    if cfg.elasticity.enabled:
+        batch = _elastic(cfg, world, world_size_source, problems)
+    elif not any(p.path in _BATCH_KEYS for p in problems):
         batch = _derive(*(getattr(cfg, key) for key in _BATCH_ORDER), world, world_size_source, problems)
     if problems or batch is None:
         raise ConfigError(problems, origin)
@@ -89,6 +92,31 @@ def _derive(
     except ConfigError as exc:
         problems += exc.problems
         return None
+
+
+_ELASTIC_CONFLICT = (
+    "One or more batch related parameters were found in your ds_config (train_batch_size, "
+    "train_micro_batch_size_per_gpu, and/or gradient_accumulation_steps). These parameters *will not be used* "
+    "since elastic training is enabled, which takes control of these parameters. If you want to suppress this "
+    "error (the parameters will be silently ignored) please set 'ignore_non_elastic_batch_info':true in your "
+    "elasticity config."
+)
+
+
+def _elastic(cfg: DSConfig, world: int, source: str, problems: list[ConfigProblem]) -> BatchSizes | None:
+    """The batch sizes DeepSpeed's elastic section gives ``world`` data-parallel ranks (DeepSpeed's engine:
+    the batch keys given beside it are an error unless ``ignore_non_elastic_batch_info``)."""
+    section = cfg.elasticity
+    given = [key for key in _BATCH_ORDER if key in cfg.model_fields_set]
+    if given and not section.ignore_non_elastic_batch_info:
+        problems.append(ConfigProblem("elasticity", _ELASTIC_CONFLICT, given))
+        return None
+    try:
+        tbs, mbs, gas, _ = elastic_batch(section.model_dump(exclude_unset=True) | {"enabled": True}, world)
+    except (ElasticityError, ValueError, AssertionError) as exc:
+        problems.append(ConfigProblem("elasticity", f"{type(exc).__name__}: {exc}", world))
+        return None
+    return _derive(tbs, mbs, gas, world, source, problems)
 
 
 def _with_batch(cfg: DSConfig, batch: BatchSizes) -> DSConfig:

@@ -42,6 +42,7 @@ from ._compat import (
     only_default,
 )
 from ._data_types import DataTypesConfig
+from ._elasticity import ElasticityConfig
 from ._errors import ConfigWarning
 from ._pipeline import PipelineConfig
 from ._tensor_parallel import TensorParallelConfig
@@ -211,7 +212,9 @@ class FP16Config(_Section):
         if self.enabled and self.loss_scale == 0:
             for name, low in (("loss_scale_window", 1), ("hysteresis", 1)):
                 if getattr(self, name) < low:
-                    raise ValueError(f"fp16.{name} must be >= {low} with dynamic loss scaling, got {getattr(self, name)}")
+                    raise ValueError(
+                        f"fp16.{name} must be >= {low} with dynamic loss scaling, got {getattr(self, name)}"
+                    )
             if self.min_loss_scale <= 0:
                 raise ValueError(
                     f"fp16.min_loss_scale must be > 0 with dynamic loss scaling, got {self.min_loss_scale}"
@@ -871,6 +874,9 @@ class DSConfig(_Section):
     pipeline: PipelineConfig = Field(
         default_factory=PipelineConfig, description="The pipeline engine's settings (a PipelineModule's)."
     )
+    elasticity: ElasticityConfig = Field(
+        default_factory=ElasticityConfig, description="Elastic batch sizing."
+    )
     zero_optimization: ZeroConfig = Field(
         default_factory=ZeroConfig,
         description="ZeRO partitioning (the deprecated boolean form true/false means stage 1/0).",
@@ -905,8 +911,12 @@ class DSConfig(_Section):
         None, description="Block-sparse attention layout, one parameter set per mode (none: not used)."
     )
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoint options.")
-    data_types: DataTypesConfig = Field(default_factory=DataTypesConfig, description="Gradient accumulation dtype.")
-    tensor_parallel: TensorParallelConfig = Field(default_factory=TensorParallelConfig, description="AutoTP training.")
+    data_types: DataTypesConfig = Field(
+        default_factory=DataTypesConfig, description="Gradient accumulation dtype."
+    )
+    tensor_parallel: TensorParallelConfig = Field(
+        default_factory=TensorParallelConfig, description="AutoTP training."
+    )
     dataloader_drop_last: JsonBool = Field(
         False, description="The loader initialize() builds drops the last incomplete micro-batch."
     )

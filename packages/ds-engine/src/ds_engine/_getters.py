@@ -141,7 +141,7 @@ class ConfigGetters:
         return self.ds_config.checkpoint.tag_validation == "Fail"
 
     def elasticity_enabled(self) -> bool:
-        return False  # elasticity is rejected by ds_config when enabled
+        return self.ds_config.elasticity.enabled
 
     # ------------------------------------------------------------------ topology
     @property
