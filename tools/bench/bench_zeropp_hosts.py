@@ -13,12 +13,13 @@ Both hosts' ``eth0`` (the veth to the bridge) get ``tc qdisc ... netem rate 1gbi
 - ``qwqg``: 2 x 2 with ``zero_quantized_weights`` and ``zero_quantized_gradients``;
 - ``zeropp``: 2 x 2 with all three.
 
-Every case runs through ``ds-launch --hostfile`` (mpirun), with ``DS_ZERO_COLLECTIVES=torch`` so every
-case's collectives are gloo's (the one-host case would otherwise take shared memory). A round runs each
-case once, in alternating order; the figures are medians over ``--repeats`` rounds with the spread
-(min-max). Step time: the median over a run's steps after ``--warmup``. Cross-host bytes per step: node0's
+Each layout is one ``ds-launch --hostfile`` job (mpirun; a launch costs minutes on a loaded machine): the
+2-host job runs its cases one after another, a fresh engine each, in alternating order for ``--repeats``
+rounds; then the 1-host job its rounds. ``DS_ZERO_COLLECTIVES=torch``: every case's collectives are gloo's
+(the one-host case would otherwise take shared memory). Figures: medians over the rounds with the spread
+(min-max). Step time: a run's median step after ``--warmup``. Cross-host bytes per step: node0's
 ``/sys/class/net/eth0/statistics`` (rx + tx) over the timed steps, divided by their number (every byte
-between the two hosts passes it). Writes a JSON record (``--out``) and prints a markdown table.
+between the two hosts passes it), beside the formula's (``FORMULA``). Writes a JSON record (``--out``) and prints a markdown table.
 """
 
 from __future__ import annotations
@@ -63,43 +64,55 @@ CASES: dict[str, tuple[dict, dict]] = {  # name -> (hostfile slots, ZeRO keys)
 FORMULA = {"plain": 2 * 4 + 8, "hpz": 4 + 8, "qwqg": 2 * 1 + 0.5, "zeropp": 1 + 0.5, "1host": 0}
 
 RANK = r"""
-import json, statistics, sys, time
+import gc, json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch, torch.distributed as dist
 import ds_engine
 from _bench_cases import MODELS, build_model, batch, engine_config
 torch.set_num_threads(1)
-out, zero, steps, warmup = sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+out, cases, rounds, steps, warmup = sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
 d = MODELS["lean"]
-spec = {"impl": "ds", "stage": 3, "dtype": "fp32", "zero": zero}
 ds_engine.init_distributed()
-model = build_model(spec, d)
-engine, *_ = ds_engine.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
-                                  config=engine_config(spec, d))
 rank = dist.get_rank()
 
 def wire():
     stats = "/sys/class/net/eth0/statistics/"
     return sum(int(open(stats + k).read()) for k in ("rx_bytes", "tx_bytes"))
 
-times, losses = [], []
-for step in range(steps):
-    if step == warmup:
+def run(zero):
+    spec = {"impl": "ds", "stage": 3, "dtype": "fp32", "zero": zero}
+    model = build_model(spec, d)
+    engine, *_ = ds_engine.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4),
+                                      config=engine_config(spec, d))
+    times, losses = [], []
+    for step in range(steps):
+        if step == warmup:
+            dist.barrier()
+            b0 = wire()
+        idx, tgt = batch(d, rank, step)
+        t0 = time.perf_counter()
+        loss = engine(idx, tgt)
+        engine.backward(loss)
+        engine.step()
         dist.barrier()
-        b0 = wire()
-    idx, tgt = batch(d, rank, step)
-    t0 = time.perf_counter()
-    loss = engine(idx, tgt)
-    engine.backward(loss)
-    engine.step()
-    dist.barrier()
-    times.append(time.perf_counter() - t0)
-    losses.append(float(loss))
-b1 = wire()
-gathered = sum(s.numel for s in engine.optimizer.params.slots.values() if not s.persistent)
+        times.append(time.perf_counter() - t0)
+        losses.append(float(loss))
+    b1 = wire()
+    gathered = sum(s.numel for s in engine.optimizer.params.slots.values() if not s.persistent)
+    engine.optimizer.remove_hooks()
+    return {"step_s": statistics.median(times[warmup:]), "bytes_per_step": (b1 - b0) / (steps - warmup),
+            "losses": losses, "gathered_numel": gathered}
+
+results = {name: [] for name in cases}
+for r in range(rounds):
+    for name in (list(cases) if r % 2 == 0 else list(reversed(cases))):
+        results[name].append(run(cases[name]))
+        gc.collect()
+        if rank == 0:
+            print(f"round {r} {name}: {results[name][-1]['step_s']:.3f} s/step, "
+                  f"{results[name][-1]['bytes_per_step'] / 1e6:.1f} MB/step", flush=True)
 if rank == 0:
-    json.dump({"step_s": statistics.median(times[warmup:]), "bytes_per_step": (b1 - b0) / (steps - warmup),
-               "losses": losses, "gathered_numel": gathered}, open(out, "w"))
+    json.dump(results, open(out, "w"))
 """
 
 
@@ -110,10 +123,13 @@ def _launch(cluster: Cluster, hostfile: Path, script: Path, *args: str) -> tuple
             "--launcher_args", f"--mca plm_rsh_agent {cluster.ssh} --bind-to none --oversubscribe {xs}",
             str(script), *args]  # fmt: skip
     env = dict(MPI_ENV)
-    found = shutil.which("ds-launch")  # where the caller's ds-launch is (a login's PATH has only python's bin)
+    found = shutil.which(
+        "ds-launch"
+    )  # where the caller's ds-launch is (a login's PATH has only python's bin)
     if found:
         env["PATH"] = f"{Path(found).parent}:{Path(sys.executable).parent}:/usr/sbin:/usr/bin:/sbin:/bin"
-    proc = cluster.run("node0", argv, env=env, cwd=str(cluster.shared), timeout=1800)
+    proc = cluster.run("node0", argv, env=env, cwd=str(cluster.shared), timeout=3600)
+    print(proc.stdout[-3000:], flush=True)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -129,14 +145,17 @@ def _limit_link(cluster: Cluster) -> str:
     raise SystemExit("cannot limit the link with tc (neither netem nor tbf)")
 
 
-def _run(cluster: Cluster, script: Path, name: str, steps: int, warmup: int) -> dict:
-    slots, zero = CASES[name]
-    hostfile = cluster.hostfile(cluster.shared / f"{name}.hosts", slots=slots, names=list(slots))
-    out = cluster.shared / f"{name}.json"
-    code, log = _launch(cluster, hostfile, script, str(ROOT / "tools" / "bench"), str(out), json.dumps(zero),
+def _job(
+    cluster: Cluster, script: Path, slots: dict, names: list[str], rounds: int, steps: int, warmup: int
+) -> dict:
+    """One ds-launch job on ``slots`` running each case of ``names`` in turn, ``rounds`` times, alternating."""
+    hostfile = cluster.hostfile(cluster.shared / f"{len(slots)}.hosts", slots=slots, names=list(slots))
+    out = cluster.shared / f"{len(slots)}hosts.json"
+    cases = json.dumps({n: CASES[n][1] for n in names})
+    code, log = _launch(cluster, hostfile, script, str(ROOT / "tools" / "bench"), str(out), cases, str(rounds),
                         str(steps), str(warmup))  # fmt: skip
     if code != 0:
-        raise SystemExit(f"{name} failed:\n{log[-4000:]}")
+        raise SystemExit(f"{names} failed:\n{log[-4000:]}")
     return json.loads(out.read_text())
 
 
@@ -153,18 +172,17 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "zeropp-hosts.json")
     args = p.parse_args()
     load_before = Path("/proc/loadavg").read_text().split()[:3]
-    results: dict[str, list[dict]] = {c: [] for c in args.cases}
+    results: dict[str, list[dict]] = {}
     with Cluster(2, private_tmp=True) as cluster:
         link = _limit_link(cluster)
         script = cluster.shared / "zeropp_rank.py"
         script.write_text(RANK)
-        for r in range(args.repeats):
-            order = args.cases if r % 2 == 0 else list(reversed(args.cases))
-            for name in order:
-                res = _run(cluster, script, name, args.steps, args.warmup)
-                results[name].append(res)
-                print(f"round {r} {name}: {res['step_s']:.3f} s/step, {res['bytes_per_step'] / 1e6:.1f} MB/step",
-                      flush=True)  # fmt: skip
+        # one job per layout (a launch costs minutes on a loaded machine): the two-host job, whose cases
+        # alternate round by round inside it, then the one-host job
+        for slots in ({"node0": 2, "node1": 2}, {"node0": 4}):
+            names = [n for n in args.cases if CASES[n][0] == slots]
+            if names:
+                results.update(_job(cluster, script, slots, names, args.repeats, args.steps, args.warmup))
     load_after = Path("/proc/loadavg").read_text().split()[:3]
     summary = {
         name: {
@@ -201,7 +219,9 @@ def main() -> None:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print("\n| case | step (s, median) | spread | cross-host MB/step (median) | spread |\n|---|---|---|---|---|")
+    print(
+        "\n| case | step (s, median) | spread | cross-host MB/step (median) | spread |\n|---|---|---|---|---|"
+    )
     for n, s in summary.items():
         st, b = s["step_s"], s["cross_host_mb_per_step"]
         print(f"| {n} | {st['median']:.3f} | {st['min']:.3f}-{st['max']:.3f} | {b['median']:.1f} | "
