@@ -13,6 +13,7 @@ Usage: gpt_neox_pipe.py --stages P --steps N --out LOSSES.json --deepspeed_confi
 import argparse
 import json
 import random
+import time
 
 import deepspeed
 import torch
@@ -130,10 +131,12 @@ def main():
     micro = engine.train_micro_batch_size_per_gpu()
     per_step = engine.train_batch_size() // micro
     dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
-    losses = []
+    losses, step_times = [], []
     for step in range(args.steps):
         data_iter = iter(micro_batches(step, micro, per_step, dp_rank, dp_size))
+        start = time.perf_counter()
         loss = engine.train_batch(data_iter=data_iter)
+        step_times.append(time.perf_counter() - start)
         losses.append(float(loss))
     if args.save_dir:
         engine.save_checkpoint(args.save_dir)
@@ -142,6 +145,7 @@ def main():
             json.dump(
                 {
                     "losses": losses,
+                    "step_times": step_times,
                     "parts": [int(p) for p in model.parts],
                     "stages": args.stages,
                     "world": world,
