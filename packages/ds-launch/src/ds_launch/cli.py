@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from ._binding import bound_argv, cores_per_rank
+from ._elastic import ELASTIC_RESTART_ENV, run_elastic
 from ._exports import EnvFileError, exported_environment
 from ._heartbeat import MONITOR_ENV
 from ._hostfile import HostfileError, parse_hostfile, select_resources
@@ -139,6 +140,20 @@ def build_parser() -> argparse.ArgumentParser:
         default="",
         help="the job's hosts and slots, base64 JSON of {host: [slots]} (as --world_info), in place of the "
         "hostfile and the selection options (the deepspeed runners pass the hosts they were given)",
+    )
+    p.add_argument(
+        "--elastic",
+        action="store_true",
+        help="ssh/pdsh launchers: when a host is lost, restart the job on the hosts that answer (the script "
+        "resumes from its latest checkpoint; DS_ELASTIC_RESTART counts the restarts); a returning host is "
+        "taken back at the next restart",
+    )
+    p.add_argument("--min_nodes", type=int, default=1, help="--elastic: fewest hosts to go on with")
+    p.add_argument("--max_restarts", type=int, default=3, help="--elastic: most restarts after lost hosts")
+    p.add_argument(
+        "--elastic_checkpoint_dir",
+        default="",
+        help="--elastic: the script's checkpoint folder, for the report",
     )
     # How the ssh/pdsh launchers start each host's ranks (DeepSpeed's launch.py takes the same two).
     p.add_argument("--world_info", default="", help=argparse.SUPPRESS)
@@ -379,6 +394,23 @@ def _launch_remote(
     )
 
 
+def _launch_elastic(args: argparse.Namespace, pool: dict[str, list[int]], launcher: str) -> int:
+    """``--elastic``: each attempt is an ssh/pdsh job on the hosts that answer (``_elastic``)."""
+    if args.master_addr:
+        raise HostfileError(
+            "--elastic finds rank 0's address on each attempt's first host: drop --master_addr"
+        )
+
+    def attempt(hosts: dict[str, list[int]], restart: int) -> int:
+        args.export = [*[e for e in args.export if not e.startswith(f"{ELASTIC_RESTART_ENV}=")],
+                       f"{ELASTIC_RESTART_ENV}={restart}"]  # fmt: skip
+        with _monitor(args, hosts, exits_seen=False) as monitor:
+            return _launch_remote(args, hosts, launcher, monitor)
+
+    rsh = remote_shell(args.ssh_cmd, os.environ)
+    return run_elastic(rsh, pool, attempt, args.min_nodes, args.max_restarts, args.elastic_checkpoint_dir)
+
+
 def _exports(args: argparse.Namespace) -> dict[str, str]:
     exports = {}
     for item in args.export:
@@ -474,6 +506,13 @@ def run(argv: Sequence[str] | None = None) -> int:
                 return _launch_node(args, gpu_ids, events_dir)
         active, _ = _resources(args, gpu_ids)
         launcher = launcher or ("mpi" if len(active) > 1 else "local")
+        if args.elastic:
+            if launcher not in ("ssh", "pdsh"):
+                raise HostfileError(
+                    f"--elastic restarts the job on the hosts that answer its remote shell: use --launcher ssh or "
+                    f"pdsh, not {launcher}"
+                )
+            return _launch_elastic(args, active, launcher)
         if launcher in ("ssh", "pdsh"):
             with _monitor(
                 args, active, exits_seen=False
