@@ -16,7 +16,7 @@ from ds_zero import ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import HostGroups, Stage3Options
 from torch import nn
 
-VOCAB, WIDTH, MB, STEPS, LOCAL = 32, 48, 4, 12, 2
+VOCAB, WIDTH, MB, STEPS, LOCAL = 32, 48, 4, 8, 2
 
 PLAIN = Stage3Options(
     param_persistence_threshold=0, reduce_bucket_size=4000, prefetch_bucket_size=0, max_reuse_distance=0
