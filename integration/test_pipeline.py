@@ -53,3 +53,28 @@ def test_losses_equal_deepspeed_pipeline_engine(case: str, stages: int, tmp_path
     assert got["losses"] == pytest.approx(record["losses"], rel=1e-5)
     if stages == 2:
         assert got["parts"] == record["parts"]  # the same layers on each stage ("parameters" partition)
+
+
+@pytest.mark.skipif(world_size() != 2, reason="one 2-rank job is enough to see a dead stage end it")
+def test_a_dead_stage_ends_the_job_within_a_minute_naming_it():
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    found = shutil.which("deepspeed", path=str(Path(sys.executable).parent))
+    exe = [found] if found else [sys.executable, "-m", "deepspeed.launcher.runner"]
+    start = time.monotonic()
+    proc = subprocess.run(
+        [*exe, "--num_gpus", "2", str(HERE / "scripts" / "pipe" / "stage_dies.py"), "--stages", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+    )
+    elapsed = time.monotonic() - start
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert elapsed < 60 + 30, elapsed  # a minute after the death, plus the job's start on a loaded machine
+    assert "stage 0: stage 1 (rank 1) failed or died" in out, out[-3000:]  # the survivor names the dead stage

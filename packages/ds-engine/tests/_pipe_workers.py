@@ -222,3 +222,8 @@ def checkpoint_roundtrip(rank: int, world: int, stages: int, root: str, resume_s
         except Exception as exc:  # noqa: BLE001 - the test reads it
             error = f"{type(exc).__name__}: {exc}"
     return {"after": after, "again": again, "eval": float(first), "client": client, "error": error}
+
+
+def train_each(rank: int, world: int, stages: int, configs: list[dict], steps: int) -> list[list[float]]:
+    """``train`` for each config in turn, in the same processes (one spawn for several precisions)."""
+    return [train(rank, world, stages, c, steps)["losses"] for c in configs]

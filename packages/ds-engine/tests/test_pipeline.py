@@ -62,3 +62,19 @@ def test_checkpoint_resumes_at_the_same_degree_and_loads_weights_at_another(tmp_
     for r in spawn(checkpoint_roundtrip, 2, 2, str(tmp_path / "other"), 1):
         assert r["eval"] == pytest.approx(r["after"][0], rel=1e-5)
         assert "saved at 2 pipeline stages" in r["error"] and "load_optimizer_states=False" in r["error"]
+
+
+def test_fp16_and_bf16_train_across_stages():
+    """Loss scaling spans the stages (the last stage scales, the others step on the scaled gradients and
+    agree on overflow); both precisions follow the fp32 curve within their rounding."""
+    from _pipe_workers import train_each
+
+    configs = [
+        {**CONFIG, "bf16": {"enabled": True}},
+        {**CONFIG, "fp16": {"enabled": True, "initial_scale_power": 12}},
+    ]
+    expected = reference_losses(CONFIG, STEPS, dp=1)
+    results = spawn(train_each, 2, 2, configs, STEPS)
+    assert results[0] == results[1]  # every stage returns the same losses
+    for losses in results[0]:
+        assert losses == pytest.approx(expected, rel=3e-2)
