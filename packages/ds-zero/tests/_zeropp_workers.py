@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-from ds_zero import ZeroConfigError, ZeroStage3Optimizer
+from ds_zero import GatheredParameters, ZeroConfigError, ZeroStage3Optimizer
 from ds_zero.stage3 import HostGroups, Stage3Options
 from torch import nn
 
@@ -119,7 +119,11 @@ def run(rank: int, world: int, options: Stage3Options, groups: HostGroups) -> di
             total = loss.detach().clone()
             dist.all_reduce(total)
             losses.append(total.item() / world)
-    return {"losses": losses, "calls": wire.calls, "secondary_numel": zero.params.secondary_numel}
+    full = zero.module_state_dict()["l1.weight"]  # from the partitions, exact
+    with GatheredParameters([model.l1.weight]):  # exact too: never the quantized gather
+        exact = bool(torch.equal(model.l1.weight.detach(), full))
+    return {"losses": losses, "calls": wire.calls, "secondary_numel": zero.params.secondary_numel,
+            "gathered_exact": exact}  # fmt: skip
 
 
 def main(rank: int, world: int) -> dict:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import _zeropp_workers as w
 import pytest
+import torch
+from ds_zero.stage3._quant import dequantize, payload_bytes, quantize
 from rank_testing import spawn
 
 HOSTS = {(0, 1), (2, 3)}
@@ -95,3 +97,20 @@ def test_quantized_losses_within_deepspeeds_tolerance(runs, case):
 def test_missing_host_groups_are_an_error_naming_them():
     msgs = spawn(w.missing_groups, 2, timeout_s=120)[0]
     assert len(msgs) == 2 and "host_groups.hpz" in msgs[0] and "host_groups.local" in msgs[1]
+
+
+def test_gathered_parameters_are_exact_under_quantized_weights(runs):
+    assert all(r[case]["gathered_exact"] for r in runs for case in w.CASES)
+
+
+@pytest.mark.parametrize(("bits", "block"), [(8, 2048), (4, 512)])
+@pytest.mark.parametrize("n", [1, 7, 512, 513, 5000])
+def test_blockwise_payload_size_and_error(bits, block, n):
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    payload = quantize(x, bits, block)
+    assert payload.dtype == torch.uint8 and payload.numel() == payload_bytes(n, bits, block)
+    y = dequantize(payload, n, bits, block)
+    qmax = (1 << (bits - 1)) - 1
+    for lo in range(0, n, block):  # within half a step of each block's scale
+        blk = x[lo : lo + block]
+        assert (y[lo : lo + block] - blk).abs().max() <= blk.abs().max() / qmax / 2 + 1e-6
