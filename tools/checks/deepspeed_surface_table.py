@@ -15,7 +15,9 @@ _NVME = (
     "DeepSpeed's NVMe swapper classes and aio/GDS handles: ds's NVMe offload at stage 3 (parameters, optimizer "
     "state, gradients) has its own (ds_zero._aio, ds_zero.stage3._swap, _param_swap, _grad_swap)"
 )
-_DUALPIPE = "DualPipeV (DeepSeek-V3's bidirectional pipeline schedule): not in ds; ds-pipe runs DeepSpeed's 1F1B"
+_DUALPIPE = (
+    "DualPipeV (DeepSeek-V3's bidirectional pipeline schedule): not in ds; ds-pipe runs DeepSpeed's 1F1B"
+)
 _PIPE = (
     "pipeline internals ds-pipe implements its own way: DeepSpeed's p2p module (ds-pipe sends a header with "
     "every message), the engine module's timer names and helpers, CommitP2P, DualPipeV, PipelineModule's "
@@ -403,8 +405,8 @@ DIFFERS: dict[str, str] = {
     "deepspeed.runtime.config.STEPS_PER_PRINT_DEFAULT": "ds prints every 10 steps (logging only); DeepSpeed never",
     "deepspeed.runtime.config.BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT": "DeepSpeed's constant says True but its config uses False; ds's constant says what ds uses (False)",
     "deepspeed.comm.comm.init_distributed": (
-        "ds's init_distributed (ds-launch) lacks dist_init_required, config, rank, world_size: rank and world "
-        "size come from the launcher's environment"
+        "ds's init_distributed (ds-launch) lacks config, rank, world_size: rank and world size come from the "
+        "launcher's environment (dist_init_required=False without a process group raises, as in DeepSpeed)"
     ),
     "deepspeed.comm.comm.allgather_fn": "no debug argument (DeepSpeed's comms logger is not in ds)",
     "deepspeed.comm.comm.reduce_scatter_fn": "no prof/debug arguments (DeepSpeed's comms logger is not in ds)",

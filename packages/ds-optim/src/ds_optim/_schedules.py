@@ -314,6 +314,11 @@ class OneCycle(_Schedule):
         self.max_moms = _per_group(self.optimizer, cycle_max_mom, "cycle_max_mom")
         self.decay_mom_rate = float(decay_mom_rate)
         self._apply()
+        if self.cycle_momentum and self.last_batch_iteration == -1:
+            # DeepSpeed starts every group at its minimum momentum (what the first optimizer step uses); the
+            # cycle's own value takes over from the first step()
+            for group, lo in zip(self.optimizer.param_groups, self.min_moms):
+                group["betas"] = (lo, 0.99)
 
     def _scale_factor(self) -> float:
         """Position in the cycle: 0 at min lr, 1 at max lr; stairs floor it to k/stairs."""

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import torch.distributed as dist
-from ds_config import DSConfig, load_config
+from ds_config import ConfigError, DSConfig, load_config
 
 from deepspeed.runtime._config_source import DEEPSPEED_DEFAULTS as DEEPSPEED_DEFAULTS
 from deepspeed.runtime._config_source import deepspeed_defaults, load_param_dict
@@ -70,8 +70,9 @@ PIPELINE_DEFAULTS = {
 }
 
 
-class DeepSpeedConfigError(Exception):
-    """DeepSpeed's name for a config it cannot use (ds raises ds_config.ConfigError, with every problem)."""
+# DeepSpeed's class for a config it cannot use is ds_config's ConfigError (every problem at once), so that
+# ``except deepspeed.DeepSpeedConfigError`` catches what ds raises (an unknown checkpoint.tag_validation, ...)
+DeepSpeedConfigError = ConfigError
 
 
 def _world(mpu: Any, mesh_device: Any) -> tuple[int, str]:
