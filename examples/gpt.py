@@ -118,7 +118,7 @@ CheckpointFn = Callable[..., torch.Tensor]
 class GPT(nn.Module):
     """Byte-level GPT. ``make_attention()`` builds one sparse attention module per block.
 
-    ``checkpoint_fn`` (e.g. ``ds_engine.checkpointing.checkpoint``) wraps every block in activation
+    ``checkpoint_fn`` (e.g. ``ds_checkpoint.activation.checkpoint``) wraps every block in activation
     checkpointing while training: only each block's input is kept, the rest is recomputed in backward.
     """
 

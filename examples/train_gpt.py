@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ds_checkpoint.activation
 import ds_engine
 import torch
 import torch.distributed as dist
@@ -137,7 +138,7 @@ def build_model(args: argparse.Namespace, cfg: dict[str, Any], world_size: int) 
     block = parsed.sparse_attention.block
     if args.seq_len % block:
         raise SystemExit(f"--seq-len {args.seq_len} must be a multiple of sparse_attention.block={block}")
-    checkpoint_fn = ds_engine.checkpointing.checkpoint if args.activation_checkpointing else None
+    checkpoint_fn = ds_checkpoint.activation.checkpoint if args.activation_checkpointing else None
     return GPT(
         gpt_cfg,
         lambda: ds_engine.sparse_attention.sparse_self_attention(

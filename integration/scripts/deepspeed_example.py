@@ -1,5 +1,5 @@
 """A training script written for DeepSpeed. The tests run it unchanged with the real ``deepspeed`` package
-and, with only the import changed to ``import ds_engine as deepspeed``, with ds; then compare the losses.
+and with ds's (packages/deepspeed); then compare the losses.
 
 Usage (any launcher): script.py --deepspeed_config CFG.json --out LOSSES.json [--steps N]
 """

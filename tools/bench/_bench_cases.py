@@ -94,7 +94,7 @@ class GPT(nn.Module):
         self.head = nn.Linear(d.width, d.vocab, bias=False)
         self.head.weight = self.tok.weight
         # activation checkpointing: ``checkpoint(block, x)`` runs each block (None: plain calls); set by a
-        # benchmark to its implementation's own function (ds_engine.checkpointing or torch.utils)
+        # benchmark to its implementation's own function (ds_checkpoint.activation, deepspeed.checkpointing or torch.utils)
         self.checkpoint: Any = None
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

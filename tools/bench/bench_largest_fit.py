@@ -193,14 +193,14 @@ def disk_io() -> tuple[int, int]:
 
 def set_checkpointing(model: Any, spec: dict) -> None:
     """With ``checkpoint_activations``, every block is recomputed in backward, through each
-    implementation's own function: ds_engine.checkpointing's for ds, deepspeed.checkpointing's for
+    implementation's own function: ds_checkpoint.activation's for ds, deepspeed.checkpointing's for
     DeepSpeed (at stage 3 both re-gather the block's weights), torch.utils.checkpoint's (non-reentrant)
     for the others."""
     if not spec.get("checkpoint_activations"):
         return
     if spec["impl"] in ("ds", "deepspeed"):
-        engine_module = importlib.import_module("ds_engine" if spec["impl"] == "ds" else "deepspeed")
-        model.checkpoint = engine_module.checkpointing.checkpoint
+        module = "ds_checkpoint.activation" if spec["impl"] == "ds" else "deepspeed.checkpointing"
+        model.checkpoint = importlib.import_module(module).checkpoint
     else:
         from torch.utils.checkpoint import checkpoint
 
@@ -448,7 +448,7 @@ def main() -> None:
     parser.add_argument(
         "--checkpoint-activations",
         action="store_true",
-        help="every implementation recomputes each block in backward (ds: ds_engine.checkpointing."
+        help="every implementation recomputes each block in backward (ds: ds_checkpoint.activation."
         "checkpoint, DeepSpeed: deepspeed.checkpointing.checkpoint, both re-gather stage 3's weights; "
         "others: torch.utils.checkpoint)",
     )

@@ -1,7 +1,7 @@
 """``AsyncIOBuilder().load().aio_handle`` on real files returns what DeepSpeed 0.19.8's compiled op returns.
 
 The same calls (tools/fixtures/make_deepspeed_aio_fixtures.py's ``CASES``) were run on DeepSpeed's op and recorded
-(fixtures/deepspeed_aio_handle.json); here they run on ds's (``ds_engine.ops.aio``, over ds's thread pool
+(fixtures/deepspeed_aio_handle.json); here they run on ds's (``deepspeed.ops.aio._handle``, over ds's thread pool
 of ``preadv``/``pwritev``). Where DeepSpeed aborted the process (a failed C++ assertion), ds raises at
 that call instead; where DeepSpeed wrote nothing without saying so (an unaligned size), ds writes.
 """

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ds_engine
 import torch
+from ds_checkpoint import activation
 
 STAGES = (0, 1, 2, 3)
 # the stages each scenario runs at: every engine costs launch time, so each where it tells something
@@ -145,7 +146,7 @@ def _below_stage_2(rank: int) -> dict:
     def checkpointed():  # activation checkpointing re-runs forward and backward inside engine.backward
         e = _engine(0)
         x = torch.full((2, 4), float(rank + 1), requires_grad=True)
-        e.backward(ds_engine.checkpointing.checkpoint(e.module.body, x).pow(2).mean())
+        e.backward(activation.checkpoint(e.module.body, x).pow(2).mean())
         e.step()
         return _weights(e, 0)
 

@@ -74,26 +74,6 @@ def test_untested_client_optimizer_is_an_assertion_error():
     assert isinstance(raised.value, ds_zero.ZeroConfigError)
 
 
-@pytest.mark.parametrize(
-    "env, expected",
-    [
-        ({"LOCAL_SIZE": "3"}, RECORD["device_count"]["LOCAL_SIZE=3"]),
-        ({}, RECORD["device_count"]["LOCAL_SIZE=None"]),
-        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 4),  # torchrun / ds-launch
-        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2),
-    ],
-)
-def test_cpu_device_count_is_the_local_world_size(monkeypatch, env, expected):
-    from ds_engine.accelerator import get_accelerator
-
-    for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("SLURM_PROCID", raising=False)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert get_accelerator().device_count() == expected
-
-
 # ---- LR schedules (deepspeed.runtime.lr_schedules is ds_optim's): a tensor lr, per-group lists, methods
 def _sgd(lr, groups=1):
     params = [torch.nn.Parameter(torch.ones(2)) for _ in range(groups)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import ds_engine
 import pytest
 import torch
-from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
+from ds_optim import DeepSpeedCPUAdam, FusedAdam
 
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_behaviour.json").read_text())
 CONFIG_CASES = {

@@ -1,10 +1,11 @@
-"""``import deepspeed``, answered by ds: DeepSpeed's public names and module paths, mapped onto ds_engine.
+"""``import deepspeed``, answered by ds: DeepSpeed's public names and module paths, over ds_engine.
 
 Installing this package (distribution ``deepspeed``) lets code written against DeepSpeed, and the
 frameworks that import it themselves (Hugging Face Trainer, Accelerate, Lightning), run on ds unchanged.
-It is a thin mapping: every name forwards to the one implementation in ds_engine and the ds-* packages;
-nothing here trains. DeepSpeed features ds does not have are importable and fail at use with
-:class:`FeatureNotAvailableError` naming the feature.
+It is ds's one compatibility layer: everything that exists only to look like DeepSpeed (the accelerator,
+comm, groups, ops and op builders, utils, the optimizer class names) lives here, over the engine
+(ds_engine) and the ds-* packages; nothing here trains. DeepSpeed features ds does not have are
+importable and fail at use with :class:`FeatureNotAvailableError` naming the feature.
 
 ``__version__`` is the DeepSpeed API level mapped, with ds's own version as the local label
 (``0.19.8+ds.0.1.0``); ``deepspeed.__ds__`` / ``deepspeed.IMPLEMENTATION`` say that ds is running, and
@@ -49,14 +50,19 @@ from deepspeed.constants import TORCH_DISTRIBUTED_DEFAULT_PORT  # noqa: E402
 from deepspeed.git_version_info import git_branch, git_hash, version  # noqa: E402
 from deepspeed.pipe import PipelineModule  # noqa: E402
 from deepspeed.runtime import zero  # noqa: E402
+from deepspeed.runtime.activation_checkpointing import checkpointing  # noqa: E402
 from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer  # noqa: E402
 from deepspeed.runtime.config import DeepSpeedConfig, DeepSpeedConfigError  # noqa: E402
 from deepspeed.runtime.pipe.engine import PipelineEngine  # noqa: E402
 from deepspeed.utils.init_on_device import OnDevice  # noqa: E402
 from deepspeed.utils.logging import logger  # noqa: E402
 
-checkpointing = ds_engine.checkpointing
-init_inference = ds_engine.init_inference
+init_inference = _missing_function(
+    __name__,
+    "init_inference",
+    "the inference engine (deepspeed.init_inference: kernel injection, tensor-parallel inference)",
+    "Run the trained module directly (engine.module or your model) under torch.no_grad().",
+)
 log_dist = utils.log_dist
 dist = comm
 

@@ -1,6 +1,6 @@
 """DeepSpeed's ``deepspeed.constants``: the distributed defaults DeepSpeed's launcher and comm use."""
 
-from ds_engine.comm import TORCH_DISTRIBUTED_DEFAULT_PORT
+from deepspeed.comm.comm import TORCH_DISTRIBUTED_DEFAULT_PORT
 
 CROSS_RANK = "CROSS_RANK"
 CROSS_SIZE = "CROSS_SIZE"

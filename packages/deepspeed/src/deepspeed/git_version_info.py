@@ -8,9 +8,9 @@ maps each DeepSpeed op to whether ds provides its feature (see ``deepspeed.ops.o
 from __future__ import annotations
 
 import torch
-from ds_engine.ops.op_builder import INSTALLED_OPS
 
 from deepspeed._version import __version__ as version
+from deepspeed.ops.op_builder import INSTALLED_OPS
 
 git_hash = "unknown"
 git_branch = "unknown"

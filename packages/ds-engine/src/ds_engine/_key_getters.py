@@ -13,14 +13,13 @@ from typing import Any
 import torch
 from ds_config import DSConfig
 
-from ds_engine import groups
-
 
 class KeyGetters:
-    """Mixed into ``DeepSpeedEngine``; expects ``ds_config`` and ``dp_world_size``."""
+    """Mixed into ``DeepSpeedEngine``; expects ``ds_config``, ``dp_world_size`` and ``dp_rank``."""
 
     ds_config: DSConfig
     dp_world_size: int
+    dp_rank: int
 
     # ------------------------------------------------------------------ ZeRO
     def zero_sub_group_size(self) -> int:
@@ -153,13 +152,13 @@ class KeyGetters:
         c.train_micro_batch_size_per_gpu = micro_batch_size
 
     def get_data_parallel_rank(self) -> int:
-        return groups.get_data_parallel_rank()
+        return self.dp_rank
 
     def get_model_parallel_rank(self) -> int:
-        return groups.get_model_parallel_rank()
+        return 0  # the engine trains data parallel: every model-parallel group is this rank alone
 
     def get_tensor_parallel_rank(self) -> int:
-        return groups.get_tensor_model_parallel_rank()
+        return 0
 
     @staticmethod
     def is_map_style_dataset(obj: Any) -> bool:

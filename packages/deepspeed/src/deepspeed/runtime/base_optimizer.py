@@ -1,7 +1,7 @@
 """DeepSpeed's ``deepspeed.runtime.base_optimizer``: ``DeepSpeedOptimizer`` (Lightning's isinstance check for
 optimizer state) and ``ZeROOptimizer``, whose ``isinstance`` holds for the optimizers ds builds where
-DeepSpeed's would (ds_engine.optimizer_classes)."""
+DeepSpeed's would (deepspeed.runtime._optimizer_classes)."""
 
-from ds_engine.optimizer_classes import DeepSpeedOptimizer, ZeROOptimizer
+from deepspeed.runtime._optimizer_classes import DeepSpeedOptimizer, ZeROOptimizer
 
 __all__ = ["DeepSpeedOptimizer", "ZeROOptimizer"]

@@ -1,5 +1,5 @@
 """DeepSpeed's ``deepspeed.runtime.dataloader``: ``RepeatingLoader`` (also ``deepspeed.utils.RepeatingLoader``)."""
 
-from ds_engine.utils import RepeatingLoader
+from deepspeed.utils._utils import RepeatingLoader
 
 __all__ = ["RepeatingLoader"]

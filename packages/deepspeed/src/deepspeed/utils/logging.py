@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 
-from ds_engine.utils import log_dist, logger, print_json_dist
+from deepspeed.utils._utils import log_dist, logger, print_json_dist
 
 LOG_LEVELS = {
     "debug": logging.DEBUG,

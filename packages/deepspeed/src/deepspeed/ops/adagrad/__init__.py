@@ -1,7 +1,12 @@
-"""DeepSpeed's ``deepspeed.ops.adagrad``: forwards to ds_engine.ops.adagrad."""
+"""``deepspeed.ops.adagrad`` (``DeepSpeedCPUAdagrad``): not in ds-optim; construction fails, naming it."""
 
-from ds_engine.ops import adagrad as _impl
+from ds_engine._missing import missing_class
 
-from deepspeed._forward import forward
+DeepSpeedCPUAdagrad = missing_class(
+    __name__,
+    "DeepSpeedCPUAdagrad",
+    "DeepSpeed's CPU Adagrad optimizer (deepspeed.ops.adagrad.DeepSpeedCPUAdagrad)",
+    "Use torch.optim.Adagrad as the client optimizer (with zero_allow_untested_optimizer: true), or Adam.",
+)
 
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+__all__ = ["DeepSpeedCPUAdagrad"]

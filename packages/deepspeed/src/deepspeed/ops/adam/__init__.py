@@ -1,7 +1,8 @@
-"""DeepSpeed's ``deepspeed.ops.adam``: forwards to ds_engine.ops.adam."""
+"""``deepspeed.ops.adam``: ``FusedAdam`` and ``DeepSpeedCPUAdam``, the classes ds_optim builds for the config's
+``Adam``/``AdamW`` (so ``isinstance`` checks against them hold for config-built optimizers too)."""
 
-from ds_engine.ops import adam as _impl
+from __future__ import annotations
 
-from deepspeed._forward import forward
+from ds_optim import DeepSpeedCPUAdam, FusedAdam
 
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+__all__ = ["DeepSpeedCPUAdam", "FusedAdam"]

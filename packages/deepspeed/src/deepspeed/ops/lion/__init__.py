@@ -1,7 +1,11 @@
-"""DeepSpeed's ``deepspeed.ops.lion``: forwards to ds_engine.ops.lion."""
+"""``deepspeed.ops.lion`` (``FusedLion``, ``DeepSpeedCPULion``): not in ds-optim; construction fails, naming it."""
 
-from ds_engine.ops import lion as _impl
+from ds_engine._missing import missing_class
 
-from deepspeed._forward import forward
+_FEATURE = "DeepSpeed's Lion optimizer (deepspeed.ops.lion)"
+_INSTEAD = "Use Adam/AdamW, or a torch Lion implementation as the client optimizer."
 
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+FusedLion = missing_class(__name__, "FusedLion", _FEATURE, _INSTEAD)
+DeepSpeedCPULion = missing_class(__name__, "DeepSpeedCPULion", _FEATURE, _INSTEAD)
+
+__all__ = ["DeepSpeedCPULion", "FusedLion"]

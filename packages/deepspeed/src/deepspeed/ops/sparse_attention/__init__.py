@@ -1,7 +1,27 @@
-"""DeepSpeed's ``deepspeed.ops.sparse_attention``: forwards to ds_engine.ops.sparse_attention."""
+"""``deepspeed.ops.sparse_attention``: the seed-era import path of ds-sparse-attn's classes."""
 
-from ds_engine.ops import sparse_attention as _impl
+from ds_sparse_attn import (
+    BertSparseSelfAttention,
+    BigBirdSparsityConfig,
+    BSLongformerSparsityConfig,
+    DenseSparsityConfig,
+    FixedSparsityConfig,
+    LocalSlidingWindowSparsityConfig,
+    SparseAttentionUtils,
+    SparseSelfAttention,
+    SparsityConfig,
+    VariableSparsityConfig,
+)
 
-from deepspeed._forward import forward
-
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+__all__ = [
+    "BSLongformerSparsityConfig",
+    "BertSparseSelfAttention",
+    "BigBirdSparsityConfig",
+    "DenseSparsityConfig",
+    "FixedSparsityConfig",
+    "LocalSlidingWindowSparsityConfig",
+    "SparseAttentionUtils",
+    "SparseSelfAttention",
+    "SparsityConfig",
+    "VariableSparsityConfig",
+]

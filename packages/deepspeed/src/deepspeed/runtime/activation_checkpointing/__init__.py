@@ -1,5 +1,5 @@
 """DeepSpeed's ``deepspeed.runtime.activation_checkpointing``: its ``checkpointing`` module (``checkpoint``,
-``configure``, ``is_configured``, ...) is ds-checkpoint's activation checkpointing, through ds_engine."""
+``configure``, ``is_configured``, ...) is ds-checkpoint's activation checkpointing."""
 
 from deepspeed._forward import submodules
 

@@ -1,8 +1,32 @@
-"""DeepSpeed's ``deepspeed.runtime.activation_checkpointing.checkpointing``: forwards to
-ds_engine.checkpointing (also ``deepspeed.checkpointing``), the one implementation in ds-checkpoint."""
+"""DeepSpeed's ``deepspeed.checkpointing`` API (activation checkpointing), from ds-checkpoint.
 
-from ds_engine import checkpointing as _impl
+``non_reentrant_checkpoint`` is ds's one ``checkpoint``: DeepSpeed added it for functions whose inputs do not
+require grad, which ds's ``checkpoint`` already handles (gradients reach the parameters the function uses).
+Like ds's ``checkpoint``, and unlike DeepSpeed's non-reentrant one, it raises RuntimeError under
+``torch.autograd.grad``: use ``loss.backward()``.
+"""
 
-from deepspeed._forward import forward
+from ds_checkpoint.activation import (
+    checkpoint,
+    configure,
+    get_cuda_rng_tracker,
+    get_rng_tracker,
+    is_configured,
+    model_parallel_cuda_manual_seed,
+    model_parallel_manual_seed,
+    reset,
+)
 
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+non_reentrant_checkpoint = checkpoint
+
+__all__ = [
+    "checkpoint",
+    "configure",
+    "get_cuda_rng_tracker",
+    "get_rng_tracker",
+    "is_configured",
+    "model_parallel_cuda_manual_seed",
+    "model_parallel_manual_seed",
+    "non_reentrant_checkpoint",
+    "reset",
+]

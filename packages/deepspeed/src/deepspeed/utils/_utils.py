@@ -15,9 +15,11 @@ import os
 import random
 from typing import Any
 
-from ds_engine import _safe_get, comm
 from ds_engine._data import RepeatingLoader
-from ds_engine._safe_get import *  # noqa: F403 (the safe_get_* / safe_set_* family, listed in its __all__)
+
+from deepspeed.comm import comm
+from deepspeed.utils import _safe_get
+from deepspeed.utils._safe_get import *  # noqa: F403 (the safe_get_* / safe_set_* family, listed in its __all__)
 
 __all__ = [
     "RepeatingLoader",
@@ -132,7 +134,7 @@ def ensure_directory_exists(filename: str) -> None:
 
 def empty_cache() -> None:
     """Free the accelerator's cached memory and reset its peak statistics (nothing to do on the CPU)."""
-    from ds_engine.accelerator import get_accelerator
+    from deepspeed.accelerator.real_accelerator import get_accelerator
 
     get_accelerator().empty_cache()
     get_accelerator().reset_peak_memory_stats()

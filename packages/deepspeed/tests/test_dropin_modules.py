@@ -6,14 +6,15 @@ import logging
 import subprocess
 import sys
 
-import ds_engine
+import deepspeed
 import ds_optim
 import ds_sparse_attn
 import pytest
 import torch
-from ds_engine import accelerator, utils
-from ds_engine.ops.adam import DeepSpeedCPUAdam, FusedAdam
-from ds_engine.ops.lamb import FusedLamb
+from deepspeed import utils
+from deepspeed.accelerator import real_accelerator as accelerator
+from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
+from deepspeed.ops.lamb import FusedLamb
 
 
 def test_accelerator_on_cpu_answers_what_scripts_ask(monkeypatch):
@@ -56,7 +57,7 @@ def test_unknown_accelerator_names_the_supported_ones():
 
 _BEFORE_INIT = """
 import torch, ds_engine
-from ds_engine import comm
+from deepspeed import comm
 assert not comm.is_initialized()
 assert comm.get_rank() == 0 and comm.get_world_size() == 1
 comm.barrier()  # nothing to wait for
@@ -105,7 +106,7 @@ def test_fused_lamb_steps_like_ds_optim_lamb():
 
 
 def test_sparse_attention_seed_era_path_is_ds_sparse_attn():
-    from ds_engine.ops import sparse_attention
+    from deepspeed.ops import sparse_attention
 
     for name in sparse_attention.__all__:
         assert getattr(sparse_attention, name) is getattr(ds_sparse_attn, name)
@@ -114,10 +115,33 @@ def test_sparse_attention_seed_era_path_is_ds_sparse_attn():
 @pytest.mark.parametrize(
     ("make", "feature"),
     [
-        (lambda: ds_engine.moe.layer.MoE(hidden_size=4, expert=None), "mixture-of-experts"),
-        (lambda: ds_engine.init_inference(torch.nn.Linear(2, 2)), "inference engine"),
+        (lambda: deepspeed.moe.layer.MoE(hidden_size=4, expert=None), "mixture-of-experts"),
+        (lambda: deepspeed.init_inference(torch.nn.Linear(2, 2)), "inference engine"),
     ],
 )
 def test_missing_features_fail_at_use_naming_the_feature(make, feature):
-    with pytest.raises(ds_engine.FeatureNotAvailableError, match=feature):
+    with pytest.raises(deepspeed.FeatureNotAvailableError, match=feature):
         make()
+
+
+# DeepSpeed 0.19.8's CPU accelerator's device_count(), recorded by
+# tools/fixtures/make_deepspeed_behaviour_fixtures.py ("device_count" in ds-engine's deepspeed_behaviour.json)
+_RECORDED_DEVICE_COUNT = {"LOCAL_SIZE=3": 3, "LOCAL_SIZE=None": 1}
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"LOCAL_SIZE": "3"}, _RECORDED_DEVICE_COUNT["LOCAL_SIZE=3"]),
+        ({}, _RECORDED_DEVICE_COUNT["LOCAL_SIZE=None"]),
+        ({"RANK": "0", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}, 4),  # torchrun / ds-launch
+        ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}, 2),
+    ],
+)
+def test_cpu_device_count_is_the_local_world_size(monkeypatch, env, expected):
+    for name in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("SLURM_PROCID", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert accelerator.get_accelerator().device_count() == expected

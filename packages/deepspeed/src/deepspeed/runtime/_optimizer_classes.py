@@ -28,7 +28,6 @@ import ds_optim
 import ds_precision
 import ds_zero
 import torch
-
 from ds_engine._missing import FeatureNotAvailableError
 
 __all__ = ["BF16_Optimizer", "DeepSpeedOptimizer", "FP16_Optimizer", "FP16_UnfusedOptimizer", "ZeROOptimizer"]

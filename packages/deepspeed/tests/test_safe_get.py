@@ -17,7 +17,7 @@ from pathlib import Path
 import ds_engine
 import pytest
 import torch
-from ds_engine import utils as u
+from deepspeed import utils as u
 from rank_testing import spawn
 
 FIXTURE = json.loads((Path(__file__).parent / "fixtures/deepspeed_safe_get.json").read_text())
