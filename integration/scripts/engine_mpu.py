@@ -110,7 +110,7 @@ def reference(mp_rank: int) -> torch.nn.Module:
             torch.nn.functional.cross_entropy(net(x), y).backward()
         grads = [p.grad for net in nets for p in net.parameters()]
         norm = torch.sqrt(sum(g.double().pow(2).sum() for g in grads)).item()
-        for g in grads:  # spec section 5: coefficient max / (norm + 1e-6) when below 1
+        for g in grads:  # docs/design.md §5: coefficient max / (norm + 1e-6) when below 1
             g.mul_(min(1.0, CLIP / (norm + 1e-6)))
         for opt in opts:
             opt.step()

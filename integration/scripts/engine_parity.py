@@ -173,7 +173,7 @@ def reference(cfg: dict, steps: range) -> list[float]:
             (loss / gas).backward()
             total += loss.item() / gas
         norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in net.parameters())).item()
-        for p in net.parameters():  # spec section 5: clip coefficient max / (norm + 1e-6)
+        for p in net.parameters():  # docs/design.md §5: clip coefficient max / (norm + 1e-6)
             p.grad.mul_(min(1.0, 0.5 / (norm + 1e-6)))
         opt.step()
         opt.zero_grad()

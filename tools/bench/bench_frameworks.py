@@ -2,7 +2,7 @@
 DeepSpeed 0.19.8 in the same run, each framework's own DDP as the no-engine baseline.
 
     nice -n 10 python tools/bench/bench_frameworks.py --ds-python /tmp/fw-venv/bin/python \\
-        --deepspeed-python /work/refenv-fw/bin/python [--frameworks trainer accelerate lightning] \\
+        --deepspeed-python $DS_DEEPSPEED_FW_PYTHON [--frameworks trainer accelerate lightning] \\
         [--stages 0 2 3] [--steps 40] [--warmup 5] [--repeats 2] [--size trainer=256x4] [--json OUT.json]
 
 Each framework's unmodified test script (integration/frameworks/*_script.py, 2 ranks, CPU, gloo, one thread

@@ -419,7 +419,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--threads", type=int, default=1, help="torch (and OpenMP) threads per rank")
-    parser.add_argument("--nvme-path", default="/work/nvme_bench/largest",
+    parser.add_argument("--nvme-path", default=os.path.join(tempfile.gettempdir(), "ds-bench-nvme"),
                         help="*-nvme: each rung's swap files go to a folder here, deleted after the rung")  # fmt: skip
     parser.add_argument("--offload-param", default="{}", help="*-nvme: JSON merged into offload_param")
     parser.add_argument(
@@ -428,7 +428,11 @@ def main() -> None:
     parser.add_argument("--aio", default="{}", help="*-nvme: the aio section (JSON)")
     parser.add_argument("--fio", action="store_true",
                         help="first measure the disk under --nvme-path with fio (1 GiB, 1 MiB O_DIRECT requests)")  # fmt: skip
-    parser.add_argument("--deepspeed-python", default="/work/refenv/bin/python", help="deepspeed-*: its venv")
+    parser.add_argument(
+        "--deepspeed-python",
+        default=os.environ.get("DS_DEEPSPEED_PYTHON"),
+        help="deepspeed-*: a python with deepspeed==0.19.8 (default: $DS_DEEPSPEED_PYTHON)",
+    )
     parser.add_argument("--torch-extensions-dir", default="/tmp/tx_largest",
                         help="deepspeed-*: where its ops (CPU Adam, async I/O) are built and loaded from; build "
                         "them there once before a run, or the first rung's time includes the build")  # fmt: skip

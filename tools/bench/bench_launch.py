@@ -3,7 +3,7 @@
     .venv/bin/python tools/bench/bench_launch.py [--procs 4] [--repeats 1]
 
 Compares ``ds-launch`` (local and its mpi launcher), plain ``mpirun -n``, ``torchrun`` and, when
-/work/venvs/deepspeed holds DeepSpeed, its ``deepspeed --num_gpus`` runner (DS_ACCELERATOR=cpu), all
+The venv of $DS_DEEPSPEED_PYTHON holds DeepSpeed, its ``deepspeed --num_gpus`` runner (DS_ACCELERATOR=cpu), all
 running the same rank script. Prints a markdown table; the figure per launcher is the median over
 repeats of (latest rank's all-reduce completion - launcher start), plus the launcher's total wall time.
 The "floor" rows time plain interpreters that only import torch, 1 and --procs of them at once: no
@@ -24,7 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-DEEPSPEED_BIN = Path("/work/venvs/deepspeed/bin")
+# the bin folder of a venv with DeepSpeed 0.19.8 (its python given by DS_DEEPSPEED_PYTHON); absent: not run
+DEEPSPEED_BIN = Path(os.environ.get("DS_DEEPSPEED_PYTHON", "deepspeed-python-not-set")).parent
 
 RANK_SCRIPT = r"""
 import os, sys, time

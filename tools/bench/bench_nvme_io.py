@@ -6,7 +6,7 @@ writing, and reading one file while writing another (what the optimizer step doe
 figures of ``fio`` (libaio, O_DIRECT, iodepth 8 and 32) and ``dd`` (O_DIRECT) on the same file system.
 Buffered reads are measured after ``posix_fadvise(DONTNEED)`` so that they come from the disk.
 
-    python tools/bench/bench_nvme_io.py --dir /work/nvme_bench --size-mib 1024
+    python tools/bench/bench_nvme_io.py --dir /path/on/the/disk --size-mib 1024
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 
 import torch
@@ -81,7 +82,7 @@ def bench_dd(path: str, size_mib: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/work/nvme_bench")
+    ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "ds-bench-nvme"))
     ap.add_argument("--size-mib", type=int, default=1024)
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)

@@ -10,7 +10,7 @@ overlap_events=True, intra_op_parallelism=1)``, into the same 4 KiB-aligned buff
 rounds, which of the two goes first alternating from round to round. Runs in DeepSpeed's venv (its op built there), with ds's packages on the path:
 
     env -u PYTHONPATH DS_ACCELERATOR=cpu TORCH_EXTENSIONS_DIR=/tmp/tx_largest \\
-        /work/refenv/bin/python tools/bench/bench_nvme_io_deepspeed.py --dir /work/nvme_bench/io_ds
+        $DS_DEEPSPEED_PYTHON tools/bench/bench_nvme_io_deepspeed.py --dir /path/on/the/disk
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def kernel_aio(depth: int, reads: list, writes: list) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--dir", default="/work/nvme_bench/io", help="a folder on the disk to measure")
+    ap.add_argument("--dir", default="/path/on/the/disk", help="a folder on the disk to measure")
     ap.add_argument("--thread-count", type=int, default=1, help="ds pool: aio.thread_count (x queue_depth 8)")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)

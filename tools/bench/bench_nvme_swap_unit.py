@@ -9,7 +9,7 @@ stay under ``--dir`` for the next run. Prints GB/s of bytes moved per unit size 
 it answers: does moving a whole ``sub_group_size`` sub-group per request (DeepSpeed's unit) beat ds's
 former 4M-element views (docs/benchmarks.md, "Swap units of sub_group_size")?
 
-    PYTHONPATH=<packages/*/src> python tools/bench/bench_nvme_swap_unit.py --dir /work/nvme_bench/io/unit
+    PYTHONPATH=<packages/*/src> python tools/bench/bench_nvme_swap_unit.py --dir /path/on/the/disk
 """
 
 from __future__ import annotations

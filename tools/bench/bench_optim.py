@@ -4,7 +4,7 @@ CPU Adam (Mparam/s, higher is better) on one flat fp32 parameter of ``--params``
 ``--threads`` threads: torch fused AdamW, torch foreach AdamW, ds_optim.CPUAdam (update only; with the bf16
 copy in one pass on the Numba kernel; with the copy on the torch two-pass fallback), and DeepSpeed's
 compiled DeepSpeedCPUAdam, alone and followed by the bf16 copy_ its ZeRO offload does (0.19.8's step has no
-low-precision output), when /work/venvs/deepspeed exists (run there in a subprocess, DS_ACCELERATOR=cpu).
+low-precision output), when $DS_DEEPSPEED_PYTHON names a python with DeepSpeed (run there in a subprocess, DS_ACCELERATOR=cpu).
 Also the Numba kernel's first-call compile time with an empty cache (in a subprocess).
 
 OneBitAdam at 2 and 4 ranks (gloo, one thread per rank): bytes each rank sends per step and time per
@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-DS_VENV_PYTHON = Path("/work/venvs/deepspeed/bin/python")
+# a python with DeepSpeed 0.19.8 installed (DS_DEEPSPEED_PYTHON); absent: its column is n/a
+DS_VENV_PYTHON = Path(os.environ.get("DS_DEEPSPEED_PYTHON", "deepspeed-python-not-set"))
 
 # Runs inside the DeepSpeed venv; prints Mparam/s.
 DS_SCRIPT = textwrap.dedent(
@@ -108,7 +109,7 @@ def _numba_compile_s() -> str:
 def _deepspeed_cpu_adam(n: int, steps: int, threads: int) -> tuple[str, str]:
     """Mparam/s of DeepSpeedCPUAdam's step, and of its step followed by the bf16 copy."""
     if not DS_VENV_PYTHON.exists():
-        return ("n/a (no /work/venvs/deepspeed)",) * 2
+        return ("n/a (DS_DEEPSPEED_PYTHON not set)",) * 2
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS=str(threads))
     try:
         proc = subprocess.run(

@@ -6,7 +6,7 @@ with the same config and client AdamW, on ``--world`` ranks over gloo, in fp32 a
 ds at ZeRO stages 0-3 (3 only when the installed ds-config accepts it) plus ds's own ZeRO-2 optimizer
 offload step and ds at stages 1-2 with ``overlap_comm: true`` (``ds-overlap``: reductions launched from
 gradient hooks while backward runs; DeepSpeed's default at these stages, false, reduces after it), DDP, FSDP2 (``fully_shard``), and the real DeepSpeed at stages 0-3 from
-/work/venvs/deepspeed (DS_ACCELERATOR=cpu). Each case runs in fresh processes, one per rank.
+$DS_DEEPSPEED_PYTHON (DS_ACCELERATOR=cpu). Each case runs in fresh processes, one per rank.
 
 Speed. Before each engine step, every rank times a plain forward+backward of an identical copy of the
 model on the same batch (the *ceiling*: no communication, no optimizer), in the same process, so
@@ -41,7 +41,8 @@ from pathlib import Path
 TOOLS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TOOLS), str(TOOLS.parents[1] / "testing")]  # _bench_* modules and rank_testing.spawn
 
-DS_PYTHON = Path("/work/venvs/deepspeed/bin/python")
+# a python with DeepSpeed 0.19.8 installed (DS_DEEPSPEED_PYTHON); absent: DeepSpeed is skipped
+DS_PYTHON = Path(os.environ.get("DS_DEEPSPEED_PYTHON", "deepspeed-python-not-set"))
 STAGES = (0, 1, 2, 3)
 CASE_TIMEOUT_S = 3600
 MIB = 2**20

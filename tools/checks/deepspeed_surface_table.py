@@ -401,7 +401,7 @@ DIFFERS: dict[str, str] = {
     "deepspeed.runtime.precision_config.DeepSpeedFP16Config": "a view over ds_config's fp16 section: keyword construction only (no positional strict)",
     "deepspeed.runtime.precision_config.DeepSpeedBF16Config": "a view over ds_config's bf16 section: keyword construction only (no positional strict)",
     "deepspeed.runtime.config.GRADIENT_CLIPPING_DEFAULT": "ds_config's 0.0; deepspeed.initialize fills DeepSpeed's 1.0 (deepspeed_defaults)",
-    "deepspeed.runtime.config.FP16_INITIAL_SCALE_POWER_DEFAULT": "ds_config's 32 (decisions.md); deepspeed.initialize fills DeepSpeed's 16",
+    "deepspeed.runtime.config.FP16_INITIAL_SCALE_POWER_DEFAULT": "ds_config's 32 (docs/design.md §2); deepspeed.initialize fills DeepSpeed's 16",
     "deepspeed.runtime.config.STEPS_PER_PRINT_DEFAULT": "ds prints every 10 steps (logging only); DeepSpeed never",
     "deepspeed.runtime.config.BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT": "DeepSpeed's constant says True but its config uses False; ds's constant says what ds uses (False)",
     "deepspeed.comm.comm.init_distributed": (
@@ -420,7 +420,7 @@ DIFFERS: dict[str, str] = {
         "functools.partial"
     ),
     "deepspeed.runtime.constants.GRADIENT_CLIPPING_DEFAULT": "ds_config's 0.0; deepspeed.initialize fills DeepSpeed's 1.0 (DEEPSPEED_DEFAULTS)",
-    "deepspeed.runtime.constants.FP16_INITIAL_SCALE_POWER_DEFAULT": "ds_config's 32 (decisions.md); deepspeed.initialize fills DeepSpeed's 16",
+    "deepspeed.runtime.constants.FP16_INITIAL_SCALE_POWER_DEFAULT": "ds_config's 32 (docs/design.md §2); deepspeed.initialize fills DeepSpeed's 16",
     "deepspeed.runtime.constants.STEPS_PER_PRINT_DEFAULT": "ds prints every 10 steps (logging only); DeepSpeed never",
     "deepspeed.runtime.constants.BFLOAT16_IMMEDIATE_GRAD_UPDATE_DEFAULT": "DeepSpeed's constant says True but its config uses False; ds's constant says what ds uses (False)",
     "deepspeed.runtime.engine.DeepSpeedEngine.load_checkpoint": f"{_GETTER}: custom_load_fn (ds loads its own format)",

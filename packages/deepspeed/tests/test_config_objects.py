@@ -1,7 +1,7 @@
 """DeepSpeedConfig and its section models, read as code reads them, against DeepSpeed 0.19.8's record.
 
 The record is ``fixtures/deepspeed_config_objects.json``, written by
-``env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/fixtures/make_deepspeed_behaviour_fixtures.py``
+``env -u PYTHONPATH DS_ACCELERATOR=cpu $DS_DEEPSPEED_PYTHON tools/fixtures/make_deepspeed_behaviour_fixtures.py``
 (``tools/fixtures/_record_deepspeed_surface.py`` holds the configs). Every value DeepSpeed has must be ds's too,
 except the differences listed in ``DIFFERENCES`` with their reason; each listed difference must really be
 one, so the list cannot go stale.

@@ -33,7 +33,7 @@ DIFFERS = {
         for c in REC.CONFIGS
         for g in ("get_data_parallel_rank", "get_model_parallel_rank", "get_tensor_parallel_rank")
     },
-    # without an fp16 section ds keeps its own initial_scale_power, 32 (spec/decisions.md; the deepspeed
+    # without an fp16 section ds keeps its own initial_scale_power, 32 (docs/design.md §2; the deepspeed
     # package fills 16 only into an fp16 section, docs/deepspeed-api.md "Defaults that differ"): fp16 is off
     ("zero2_bf16_offload", "initial_dynamic_scale"): "2**32 with fp16 off",
     ("zero2_bf16_offload", "dynamic_loss_scale_args"): "init_scale 2**32 with fp16 off",

@@ -1,7 +1,7 @@
 """DeepSpeed's module paths and names that user code imports, against DeepSpeed 0.19.8's record.
 
 The record is ``fixtures/deepspeed_module_names.json``, written by
-``DS_ACCELERATOR=cpu /work/refenv/bin/python tools/fixtures/make_deepspeed_behaviour_fixtures.py``.
+``DS_ACCELERATOR=cpu $DS_DEEPSPEED_PYTHON tools/fixtures/make_deepspeed_behaviour_fixtures.py``.
 """
 
 from __future__ import annotations

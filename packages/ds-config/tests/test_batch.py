@@ -1,4 +1,4 @@
-"""Batch-size derivation: the seven cases and the assertion order of spec section 1."""
+"""Batch-size derivation: the seven cases and the assertion order of docs/design.md §1."""
 
 import pytest
 from ds_config import BatchSizes, ConfigError, derive_batch_sizes, load_config

@@ -1,7 +1,7 @@
 """ds against DeepSpeed 0.19.8, name for name: what ``backward`` returns, what refusals raise.
 
 DeepSpeed's side is recorded in ``fixtures/deepspeed_behaviour.json`` by
-``DS_ACCELERATOR=cpu /work/refenv/bin/python tools/fixtures/make_deepspeed_behaviour_fixtures.py`` (deepspeed 0.19.8).
+``DS_ACCELERATOR=cpu $DS_DEEPSPEED_PYTHON tools/fixtures/make_deepspeed_behaviour_fixtures.py`` (deepspeed 0.19.8).
 DeepSpeed cannot run fp16 on the CPU; its ``backward`` returns the accumulation-scaled loss before the
 loss scaler multiplies it (engine.py, ``gas_scaled_loss``), so fp16 is checked against the fp32 record.
 """

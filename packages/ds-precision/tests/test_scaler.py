@@ -38,7 +38,7 @@ def test_defaults_follow_decisions():
 
 
 def test_v19_growth_trace_from_spec():
-    # spec section 2, [V19]: window 3 start 8 clean x7 -> 8,8,8,16,16,16,32
+    # docs/design.md §2, [V19]: window 3 start 8 clean x7 -> 8,8,8,16,16,16,32
     s = DynamicLossScaler(initial_scale_power=3, loss_scale_window=3, hysteresis=1)
     assert trace(s, [N] * 7) == [8, 8, 8, 16, 16, 16, 32]
 

@@ -1,4 +1,4 @@
-"""Layouts against the rules and examples of DeepSpeed 0.14 (spec section 8)."""
+"""Layouts against the rules and examples of DeepSpeed 0.14 (docs/design.md §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""With a model-parallel group the global norm sums over it (spec section 5), on 4 real ranks (dp 2 x mp 2).
+"""With a model-parallel group the global norm sums over it (docs/design.md §5), on 4 real ranks (dp 2 x mp 2).
 
 A parameter marked ``tensor_model_parallel`` is a shard: it counts on every model-parallel rank. Any
 other parameter is replicated across model-parallel ranks: it counts on model-parallel rank 0 only.

@@ -31,7 +31,7 @@ def derive_batch_sizes(
 ) -> BatchSizes:
     """Fill in the missing batch sizes for a data-parallel ``world_size`` and check the result.
 
-    The seven cases of spec section 1, in order (integer floor division), then the assertions in
+    The seven cases of docs/design.md §1, in order (integer floor division), then the assertions in
     DeepSpeed's order; the first failing assertion is reported. Raises :class:`ConfigError` naming the
     three numbers, where the world size came from, and a consistent triple to use instead.
     """

@@ -72,7 +72,7 @@ __all__ = [
     "SPARSE_ATTENTION_MODES",
 ]
 
-# DeepSpeed lower-cases an optimizer type iff its lower-case form is one of its own (spec section 0).
+# DeepSpeed lower-cases an optimizer type iff its lower-case form is one of its own (docs/design.md §0).
 NATIVE_OPTIMIZERS: dict[str, str] = {
     "adam": "Adam",
     "adamw": "AdamW",

@@ -32,7 +32,7 @@ TORCH_LR_SCHEDULERS = (
     "ReduceLROnPlateau", "SequentialLR", "StepLR",
 )  # fmt: skip
 
-# ZeRO's "tested" optimizers (spec section 4): others need zero_allow_untested_optimizer.
+# ZeRO's "tested" optimizers (docs/design.md §4): others need zero_allow_untested_optimizer.
 _ZERO_TESTED = {"adam", "adamw", "Adam", "AdamW", "Adagrad"}
 
 _ADAM_PARAMS = {
@@ -58,7 +58,7 @@ OPTIMIZER_PARAMS: dict[str, set[str]] = {
 }  # fmt: skip
 
 _WARMUP = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}
-# scheduler -> (required params, optional params), from spec section 3
+# scheduler -> (required params, optional params), from docs/design.md §3
 SCHEDULER_PARAMS: dict[str, tuple[set[str], set[str]]] = {
     "WarmupLR": (set(), _WARMUP),
     "WarmupDecayLR": ({"total_num_steps"}, _WARMUP),

@@ -212,7 +212,7 @@ def _broadcast_parameters(model: nn.Module, group: Any) -> None:
 def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) -> torch.optim.Optimizer | None:
     """The client's optimizer (or the one its factory builds) when given, else the config's, else None.
 
-    DeepSpeed (and spec section 4) let the client optimizer win; the config's section is then unused,
+    DeepSpeed (and docs/design.md §4) let the client optimizer win; the config's section is then unused,
     which the warning says so that nobody tunes a config that does nothing.
     """
     if client is not None:

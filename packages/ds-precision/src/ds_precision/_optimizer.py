@@ -21,7 +21,7 @@ __all__ = ["MixedPrecisionOptimizer"]
 logger = logging.getLogger("ds_precision")
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-CLIP_EPS = 1e-6  # spec section 5: clip = ((norm / scale) + 1e-6) / max
+CLIP_EPS = 1e-6  # docs/design.md §5: clip = ((norm / scale) + 1e-6) / max
 
 
 class MixedPrecisionOptimizer:
@@ -33,7 +33,7 @@ class MixedPrecisionOptimizer:
     model parameters are themselves re-pointed into the flat buffer and no copies are made.
 
     Per step: one norm pass over the gradients gives both the overflow test (inf/nan anywhere) and
-    the global norm; one host sync reads it; then one multiply unscales and clips (spec section 5),
+    the global norm; one host sync reads it; then one multiply unscales and clips (docs/design.md §5),
     the inner optimizer steps on fp32, and the result is copied back into the model's weights.
     On overflow nothing is updated (inner optimizer state untouched), the gradients are discarded,
     the scaler is told, and :meth:`step` returns ``False`` so the caller does not step its LR
@@ -121,7 +121,7 @@ class MixedPrecisionOptimizer:
             for flat in self.groups:
                 flat.release_grads()
         self._reduction_params: list[torch.nn.Parameter] | None = None
-        # per group, per parameter: does it count towards the norm on this rank (spec section 5)
+        # per group, per parameter: does it count towards the norm on this rank (docs/design.md §5)
         self._counted = [
             [self.mp_rank == 0 or _is_model_parallel(p) for p in flat.model_params] for flat in self.groups
         ]
@@ -320,7 +320,7 @@ class MixedPrecisionOptimizer:
     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """(gradients that count towards the norm, the others): with a model-parallel group, a
         parameter replicated across its ranks counts on model-parallel rank 0 only; one marked
-        ``tensor_model_parallel`` (or ``model_parallel``), a shard, counts everywhere (spec section 5)."""
+        ``tensor_model_parallel`` (or ``model_parallel``), a shard, counts everywhere (docs/design.md §5)."""
         if self.mp_group is None or self.mp_rank == 0:
             return [g for grads in norm_of for g in grads], []
         counted, replicas = [], []

@@ -81,7 +81,7 @@ class _OverflowStreak:
 class DynamicLossScaler:
     """Dynamic loss scale: halve on overflow (after ``hysteresis`` overflows), double when stable.
 
-    Growth follows DeepSpeed 0.19 (spec section 2, rule A): with ``stable`` = steps since the last
+    Growth follows DeepSpeed 0.19 (docs/design.md §2, rule A): with ``stable`` = steps since the last
     overflow minus one, the scale doubles when ``stable > 0 and stable % loss_scale_window == 0``,
     i.e. on the (window+1)-th consecutive clean step. ``hysteresis`` overflows are tolerated before
     the first halving; ``consecutive_hysteresis`` refills that budget on every clean step instead of

@@ -20,7 +20,7 @@ ProcessGroup = dist.ProcessGroup
 
 @dataclass(frozen=True)
 class AveragingRule:
-    """How a bucket is scaled around its SUM reduction (spec section 5).
+    """How a bucket is scaled around its SUM reduction (docs/design.md §5).
 
     postscale (default): ``t *= 1/predivide`` -> SUM -> ``t *= predivide/dp``.
     prescale: ``t *= 1/dp`` -> SUM (``predivide`` is ignored, as in DeepSpeed).

@@ -1,4 +1,4 @@
-"""Flat partition layout of one parameter group (spec section 6, "Partition layout")."""
+"""Flat partition layout of one parameter group (docs/design.md §6, "Partition layout")."""
 
 from __future__ import annotations
 

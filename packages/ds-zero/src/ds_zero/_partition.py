@@ -138,7 +138,7 @@ def norm_ranges(
 
     With a model-parallel group, a parameter replicated across model-parallel ranks counts on
     model-parallel rank 0 only; one marked ``model_parallel`` or ``tensor_model_parallel`` (a shard)
-    counts on every rank (spec section 5).
+    counts on every rank (docs/design.md §5).
     """
     if mp_rank is None or mp_rank == 0:
         return None

@@ -1,4 +1,4 @@
-"""Stage 0: bucketed data-parallel all-reduce of gradients (spec section 5)."""
+"""Stage 0: bucketed data-parallel all-reduce of gradients (docs/design.md §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Row-sparse reduction of embedding gradients (spec section 5, ``sparse_gradients``)."""
+"""Row-sparse reduction of embedding gradients (docs/design.md §5, ``sparse_gradients``)."""
 
 from __future__ import annotations
 

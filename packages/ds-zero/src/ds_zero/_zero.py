@@ -80,7 +80,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         self.dp = group_size(process_group)
         self.rank = group_rank(process_group)
         self.host_transport = _transport.enable(process_group)  # MPI or shared memory (``_transport.py``)
-        # with model parallelism the norm also sums over the model-parallel group (spec section 5)
+        # with model parallelism the norm also sums over the model-parallel group (docs/design.md §5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None
         self.global_grad_norm: float | None = None

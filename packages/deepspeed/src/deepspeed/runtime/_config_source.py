@@ -16,7 +16,7 @@ from deepspeed.runtime.config_utils import dict_raise_error_on_duplicate_keys
 __all__ = ["DEEPSPEED_DEFAULTS", "deepspeed_defaults", "load_param_dict"]
 
 # Config defaults where DeepSpeed 0.19.8 differs from ds's own (which follow the config reference and
-# spec/decisions.md): 0.19 clips gradients to norm 1.0 unless the config says otherwise, and its fp16 loss
+# docs/design.md §2): 0.19 clips gradients to norm 1.0 unless the config says otherwise, and its fp16 loss
 # scale starts at 2**16 (ds_engine's at 2**32). Without these, a config that leaves the keys out (the
 # Trainer's and Accelerate's usual ones) would train differently under `import deepspeed`.
 DEEPSPEED_DEFAULTS = {"gradient_clipping": 1.0, "fp16": {"initial_scale_power": 16}}

@@ -186,7 +186,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             max_reuse_distance=options.max_reuse_distance,
         )
         self.hooks = GatherHooks(module, self.params, self.grads.grad_ready, self.schedule)
-        # with model parallelism the norm also sums over the model-parallel group (spec section 5)
+        # with model parallelism the norm also sums over the model-parallel group (docs/design.md §5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
         attach_owner((s.param for s in self.params.slots.values()), self)

@@ -5,7 +5,7 @@ and tensor: ``g{g}.master.bin`` (the fp32 master partition) and ``g{g}.{key}.bin
 state tensor of the inner optimizer (Adam's ``exp_avg``, ``exp_avg_sq``); per-view scalars (Adam's
 ``step``) stay in memory. The files are scratch in ds's own layout, never a checkpoint: the folder is
 emptied when a run starts, so a new run never reads an old run's swap files as state (the decision in
-spec/decisions.md "ZeRO stage 3"); checkpoints stay ds's portable format.
+docs/design.md §7); checkpoints stay ds's portable format.
 
 The step streams the sub-groups through ``buffer_count`` buffers: a sub-group's master, state and gradient
 are read into a buffer, the inner optimizer steps it a view at a time (the views of at most ``STEP_PIECE``
