@@ -307,7 +307,12 @@ def main() -> None:
                     f"| {FRAMEWORKS[name].title} | {stage} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.2f} | {d:.1e} |"
                 )
     if opts.json:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from _record import load_average, provenance  # noqa: PLC0415
+
         record = {
+            **provenance(),
+            "load_average_end": load_average(),
             "options": vars(opts),
             "sizes": size,
             "step_seconds": [{"key": list(k), "per_repeat": v} for k, v in times.items()],

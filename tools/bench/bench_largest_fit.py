@@ -100,6 +100,7 @@ from typing import Any
 TOOLS = Path(__file__).resolve().parent
 sys.path[:0] = [str(TOOLS), str(TOOLS.parents[1] / "testing")]  # _bench_* modules and rank_testing
 from _rank_watchdog import GIB, log_tail, run_watched, used_by_others_bytes  # noqa: E402
+from _record import provenance  # noqa: E402
 from rank_testing import free_port  # noqa: E402
 
 IMPLS = {  # name -> the case of tools/bench/_bench_cases.py it runs
@@ -480,7 +481,7 @@ def main() -> None:
     for name in impls:
         print(f"ladder of {name}: " + ", ".join(f"{n} layers = {count_params({**rungs_dims, 'layers': n}) / 1e9:.3f}B"
                                                 for n in ladders[name]), flush=True)  # fmt: skip
-    report: dict = {"settings": vars(args), "budget_gib": budget / GIB, "others_gib": others / GIB,
+    report: dict = {**provenance(), "settings": vars(args), "budget_gib": budget / GIB, "others_gib": others / GIB,
                     "rungs": [], "largest": {}}  # fmt: skip
     if any(IMPLS[name].get("offload") == "nvme" for name in impls):
         report["disk"] = disk_report(Path(args.nvme_path), args.fio)

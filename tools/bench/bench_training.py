@@ -410,7 +410,9 @@ def main() -> None:
     ]
     print("\n".join(header), flush=True)
 
-    report: dict = {"command": command, "notes": notes, "settings": vars(args), "runs": [], "results": []}
+    from _record import provenance  # noqa: PLC0415 (tools/bench is on sys.path from here on)
+
+    report: dict = {**provenance(), "command": command, "notes": notes, "settings": vars(args), "runs": [], "results": []}
     out = Path(args.json)
     for world in _ints(args.world):
         for dtype in args.dtypes.split(","):

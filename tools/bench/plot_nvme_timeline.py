@@ -1,14 +1,13 @@
 """Plot the timeline of one optimizer step with NVMe offload: updates (compute) and disk reads and writes.
 
-Reads the JSON that ``tools/bench/bench_stage3_fit.py --trace FILE`` (the optimizer step) or
-``tools/bench/bench_largest_fit.py --trace FILE`` (the whole training step: forward+backward, then the optimizer
+Reads the JSON that ``tools/bench/bench_largest_fit.py --trace FILE`` (the whole training step: forward+backward, then the optimizer
 step) writes for rank 0's last step: the intervals, each sub-group's update, each I/O request as the worker
 thread ran it; draws one row per kind, with the bytes moved per second and the share of the time the disk
 was busy, for the optimizer step and (when recorded) the whole training step; prints those and, for the
 optimizer step, each direction's bytes over its time in flight, the update's compute and the part of it
 under I/O, and the time with no I/O in flight.
 
-    python tools/bench/plot_nvme_timeline.py FILE docs/benchmarks/nvme-step-timeline.png
+    python tools/bench/plot_nvme_timeline.py FILE timeline.png
 """
 
 from __future__ import annotations
