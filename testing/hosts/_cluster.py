@@ -26,11 +26,44 @@ set -e
 hostname "$1"
 if [ "$5" = own ]; then mount -t tmpfs -o mode=1777 shm /dev/shm; fi
 if [ -n "$2" ]; then mount --bind "$2" /etc/hosts; fi
-if [ "$4" = private ]; then mount -t tmpfs -o mode=1777 tmp /tmp; fi
-echo $$ > "$3.tmp"
-mv "$3.tmp" "$3"
+pidfile="$3"
+if [ "$4" = private ]; then
+  # a tmpfs of its own over /tmp; what the job runs from (a checkout or a venv under /tmp, arguments 6...)
+  # is bound back from the machine's /tmp, as a shared home would hold it on a cluster
+  machine_tmp="$(dirname "$pidfile")/machine_tmp"
+  mkdir -p "$machine_tmp"
+  mount --bind /tmp "$machine_tmp"
+  mount -t tmpfs -o mode=1777 tmp /tmp
+  shift 5
+  for keep in "$@"; do
+    mkdir -p "$keep"
+    mount --bind "$machine_tmp/${keep#/tmp/}" "$keep"
+  done
+fi
+echo $$ > "$pidfile.tmp"
+mv "$pidfile.tmp" "$pidfile"
 exec sleep infinity
 """
+
+
+def _under_tmp(login_env: Mapping[str, str]) -> list[str]:
+    """The folders directly under /tmp that this job runs from: the checkout, the interpreter's venv, the
+    PYTHONPATH and PATH of a login. A host with a private /tmp still sees them (a clone under /tmp is then
+    what an NFS home is on a cluster); everything else in the machine's /tmp stays hidden."""
+    tmp = Path("/tmp").resolve()
+    candidates = [Path(__file__).resolve().parents[2], Path(sys.prefix), Path(sys.executable).parent]
+    for name in ("PYTHONPATH", "PATH"):
+        candidates += [Path(p) for p in login_env.get(name, "").split(os.pathsep) if p]
+    found = []
+    for path in candidates:
+        path = path.resolve()
+        if path.is_relative_to(tmp) and path != tmp:
+            top = str(Path("/tmp") / path.relative_to(tmp).parts[0])
+            if top not in found and Path(top).is_dir():
+                found.append(top)
+    return found
+
+
 # network i: bridge br<i> in the hub, a veth per host from port p<i>-<host index> to eth<i> in the host
 _BRIDGE = "br{}"
 _HOST_IFNAME = "eth{}"
@@ -193,6 +226,7 @@ class Cluster:
                 str(pidfile),
                 tmp,
                 "own" if self._own_shm else "shared",
+                *(_under_tmp(login_env) if self._private_tmp else []),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
