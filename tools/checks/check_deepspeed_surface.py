@@ -16,7 +16,9 @@ run with the real DeepSpeed). Each recorded name of each recorded module is exac
   with defaults); a recorded constant value is equal; a class has each recorded public method, with a
   signature that passes the same comparison;
 - **not available**: the object carries ``__ds_missing__`` (``ds_engine._missing``) and calling it raises
-  ``FeatureNotAvailableError`` whose message names that feature (the check calls it);
+  ``FeatureNotAvailableError`` whose message names that feature (the check calls it). A name whose every
+  use raises is this, never "provided": a function (or method, or class ``__init__``) whose body is only a
+  ``raise`` fails the check until it is made a ``missing_function``/``missing_class``;
 - **absent**: listed, with the reason, in ``tools/checks/deepspeed_surface_table.py`` (``ABSENT``: a module path
   covers everything under it);
 - **differs**: provided with a difference listed with its reason (``DIFFERS``);
@@ -35,12 +37,14 @@ A new DeepSpeed release: rerun ``tools/fixtures/record_deepspeed_surface.py`` wi
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import importlib
 import importlib.util
 import inspect
 import json
 import sys
+import textwrap
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -182,6 +186,27 @@ def not_available(value: Any) -> str | None:
     raise AssertionError(f"{value!r} is marked not available ({feature}) but calling it did not raise")
 
 
+ALWAYS_RAISES = "every call raises: make it not available (ds_engine._missing) instead of provided"
+
+
+def always_raises(value: Any) -> bool:
+    """True when a function's body (or a class's ``__init__``) is nothing but a ``raise``: a name whose every
+    use raises is not available, whatever its signature."""
+    func = value.__dict__.get("__init__") if inspect.isclass(value) else value
+    func = getattr(func, "__func__", func)
+    if not inspect.isfunction(func):
+        return False
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError):
+        return False
+    node = ast.parse(source).body[0]
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return False
+    body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    return len(body) == 1 and isinstance(body[0], ast.Raise)
+
+
 @dataclass
 class Item:
     """One recorded name (``module.name``) or method (``module.Class.method``) and what ds does with it."""
@@ -256,6 +281,8 @@ def _classify(
         else None
     )
     status, detail = ("wrong", f"signature: {why}") if why else ("provided", "")
+    if not why and item["kind"] in ("class", "function") and always_raises(value):
+        status, detail = "wrong", ALWAYS_RAISES
     out = [Item(path, module_name, status, detail, alias=item.get("ref", ""))]
     if item["kind"] == "class" and "ref" not in item:  # methods once, where the class is defined
         for method, spec in full.get("methods", {}).items():
@@ -272,9 +299,12 @@ def _classify(
                 continue
             func = getattr(attr, "__func__", attr)
             why = compare_signatures(spec.get("signature"), _signature(func)) if callable(func) else None
-            out.append(
-                Item(mpath, module_name, "wrong" if why else "provided", f"signature: {why}" if why else "")
-            )
+            if why:
+                out.append(Item(mpath, module_name, "wrong", f"signature: {why}"))
+            elif callable(func) and always_raises(func):
+                out.append(Item(mpath, module_name, "wrong", ALWAYS_RAISES))
+            else:
+                out.append(Item(mpath, module_name, "provided"))
     return out
 
 

@@ -188,3 +188,29 @@ def test_see_memory_usage_prints_only_when_forced(capsys):
     see_memory_usage("after step", force=True)
     out = capsys.readouterr().out
     assert out.startswith("after step\nMA ") and "CPU Virtual Memory:  used = " in out
+
+
+def _only_raises(x=None):
+    """A docstring does not count."""
+    raise RuntimeError("never works")
+
+
+class _RaisesOnConstruction:
+    def __init__(self, *args):
+        raise RuntimeError("never works")
+
+
+def _works(x=None):
+    if x:
+        raise RuntimeError("only for a true x")
+    return 1
+
+
+def test_a_name_whose_every_use_raises_is_not_counted_as_provided():
+    tool = _tool()
+    assert tool.always_raises(_only_raises) and tool.always_raises(_RaisesOnConstruction)
+    assert not tool.always_raises(_works) and not tool.always_raises(deepspeed.comm.get_rank)
+    # the names of this kind that ds has are marked not available, and the check calls them to confirm it
+    for name in (deepspeed.comm.log_summary, deepspeed.launcher.launcher_helper.main,
+                 deepspeed.launcher.multinode_runner.SlurmRunner, deepspeed.ops.op_builder.CPUAdamBuilder.load):  # fmt: skip
+        assert tool.not_available(name), name

@@ -15,10 +15,11 @@ Each finding is one loud warning naming the paths and the fix. ``DS_DEEPSPEED_SH
 from __future__ import annotations
 
 import importlib.metadata
-import os
 import sys
 import warnings
 from pathlib import Path
+
+from ds_config import env_flag
 
 __all__ = ["DeepSpeedShadowWarning", "find_conflicts", "warn_conflicts"]
 
@@ -60,7 +61,7 @@ def find_conflicts(own_dir: Path | None = None, path: list[str] | None = None) -
 
 def warn_conflicts() -> list[str]:
     """Warn (once per import) about every conflict found; returns them."""
-    if os.environ.get("DS_DEEPSPEED_SHADOW_CHECK", "1").strip().lower() in ("0", "false", "no", "off"):
+    if not env_flag("DS_DEEPSPEED_SHADOW_CHECK", True):
         return []
     problems = find_conflicts()
     if problems:

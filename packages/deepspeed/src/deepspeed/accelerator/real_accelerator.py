@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
+from ds_engine._missing import missing_function
 from ds_launch import discover_from_env
 
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
@@ -335,13 +336,18 @@ class Accelerator(DeepSpeedAccelerator):
         self._compile_backend = backend
 
     # ------------------------------------------------------------------ op builders (DeepSpeed's C++ ops)
-    def create_op_builder(self, class_name: str) -> Any:
-        raise NotImplementedError(
-            f"get_accelerator().create_op_builder({class_name!r}): ds has no DeepSpeed op builders; use the "
-            "torch implementations through deepspeed.ops (FusedAdam, DeepSpeedCPUAdam, FusedLamb)"
-        )
-
-    get_op_builder = create_op_builder
+    create_op_builder = missing_function(
+        "deepspeed.accelerator.DeepSpeedAccelerator",
+        "create_op_builder",
+        "DeepSpeed's op builders (get_accelerator().create_op_builder: its compiled C++ ops)",
+        "Use the torch implementations through deepspeed.ops (FusedAdam, DeepSpeedCPUAdam, FusedLamb).",
+    )
+    get_op_builder = missing_function(
+        "deepspeed.accelerator.DeepSpeedAccelerator",
+        "get_op_builder",
+        "DeepSpeed's op builders (get_accelerator().get_op_builder: its compiled C++ ops)",
+        "Use the torch implementations through deepspeed.ops (FusedAdam, DeepSpeedCPUAdam, FusedLamb).",
+    )
 
     def op_builder_dir(self) -> str:
         """Where the builder classes live: ds's are all in ``deepspeed.ops.op_builder``."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch.distributed as _dist
 from ds_engine import init_distributed
+from ds_engine._missing import missing_function
 from torch.distributed import (
     P2POp,
     ReduceOp,
@@ -194,8 +195,9 @@ def inference_all_reduce(tensor: Any, op: Any = ReduceOp.SUM, group: Any = None)
     return all_reduce(tensor, op=op, group=group)
 
 
-def log_summary(*args: Any, **kwargs: Any) -> None:
-    raise NotImplementedError(
-        "deepspeed.comm.log_summary needs DeepSpeed's comms logger, which ds does not provide; "
-        'remove the call (and keep "comms_logger": {"enabled": false} in the config)'
-    )
+log_summary = missing_function(
+    __name__,
+    "log_summary",
+    "DeepSpeed's comms logger (deepspeed.comm.log_summary)",
+    'Remove the call (and keep "comms_logger": {"enabled": false} in the config).',
+)

@@ -278,11 +278,16 @@ _MV2_EXPORTS = {
 
 
 class _Unavailable(MultiNodeRunner):
-    """A DeepSpeed backend ds does not have: constructing it names it."""
+    """A DeepSpeed backend ds does not have: constructing it names it (``__ds_missing__``: the surface check
+    counts it as not available)."""
 
     launcher = ""
 
-    def __init__(self, args: argparse.Namespace, world_info_base64: str, resource_pool: Any = None):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__ds_missing__ = f"the {cls.launcher} launcher"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise FeatureNotAvailableError(
             f"deepspeed --launcher {self.launcher}: the {self.launcher} launcher is not available in ds "
             "(DeepSpeed has it, ds does not); use --launcher pdsh (pdsh or ssh), openmpi, mpich, mvapich or slurm"

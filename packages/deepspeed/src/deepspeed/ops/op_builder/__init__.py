@@ -12,9 +12,9 @@ its ``load()`` returns DeepSpeed's async I/O names (``aio_handle``...) over ds's
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any
 
-from ds_engine._missing import FeatureNotAvailableError
+from ds_engine._missing import missing_function
 
 # op NAME -> the ds class that provides the feature, or None where ds has none (with the reason)
 _OPS: dict[str, tuple[str, str | None, str]] = {
@@ -66,18 +66,11 @@ class OpBuilder:
         """True when ds provides this op's feature (through the class named in ``load()``'s error)."""
         return self._provider is not None
 
-    def builder(self) -> NoReturn:
-        self.load()
+    def builder(self) -> Any:
+        return self.load()
 
-    def load(self, verbose: bool = True) -> NoReturn:
-        if self._provider is not None:
-            instead = f"ds provides the feature as {self._provider}, in Python over torch: use that class"
-        else:
-            instead = self._why_not
-        raise FeatureNotAvailableError(
-            f"DeepSpeed's compiled op {self.NAME!r} ({type(self).__name__}().load()) is not in ds, which "
-            f"compiles no ops. {instead}."
-        )
+    # DeepSpeed's base class compiles; ds compiles no ops (each builder below names its op and what instead)
+    load = missing_function(__name__, "OpBuilder.load", "DeepSpeed's compiled ops", "ds compiles no ops.")
 
 
 def _load_aio(self, verbose: bool = False):
@@ -87,10 +80,19 @@ def _load_aio(self, verbose: bool = False):
     return aio.load()
 
 
+def _unloadable(cls_name: str, method: str, op: str, provider: str | None, why_not: str) -> Any:
+    """``load`` (or ``builder``) of an op ds does not compile: not available, naming the op and what instead."""
+    instead = f"ds provides the feature as {provider}, in Python over torch: use that class" if provider else why_not
+    return missing_function(__name__, f"{cls_name}.{method}", f"DeepSpeed's compiled op {op!r}", f"{instead}.")
+
+
 def _builder(cls_name: str, op: str, provider: str | None, why_not: str) -> type[OpBuilder]:
     attrs = {"NAME": op, "_provider": provider, "_why_not": why_not, "__module__": __name__}
     if op == "async_io":  # the one op ds gives whole, under DeepSpeed's names
         attrs["load"] = _load_aio
+    else:
+        attrs["load"] = _unloadable(cls_name, "load", op, provider, why_not)
+        attrs["builder"] = _unloadable(cls_name, "builder", op, provider, why_not)
     attrs["__doc__"] = f"DeepSpeed's ``{cls_name}`` (op ``{op}``): " + (
         f"available in ds as ``{provider}``." if provider else f"not in ds: {why_not}."
     )
