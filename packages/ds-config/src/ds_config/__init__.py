@@ -22,6 +22,7 @@ from ._compat import (
     WandbConfig,
 )
 from ._deepspeed_keys import DEEPSPEED_DEFAULTS, DEEPSPEED_REFUSED, deepspeed_refusal
+from ._env import EnvironmentVariableError, env_choice, env_flag, env_number
 from ._errors import ConfigError, ConfigProblem, ConfigWarning
 from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
@@ -58,6 +59,10 @@ __all__ = [
     "TensorParallelConfig",
     "TPGroupConfig",
     "read_source",
+    "EnvironmentVariableError",
+    "env_choice",
+    "env_flag",
+    "env_number",
     "CONFIG_FIELDS",
     "AutotuningConfig",
     "CSVMonitorConfig",

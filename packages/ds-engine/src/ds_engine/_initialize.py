@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import ds_launch
 import ds_pipe
 import torch.distributed as dist
-from ds_config import ConfigError, DSConfig, load_config, read_source
+from ds_config import ConfigError, DSConfig, env_flag, load_config, read_source
 from torch import nn
 
 from ds_engine._args import InitializeError, check_local_rank, resolve_config_source
@@ -190,7 +189,7 @@ def _parallel_topology(source: Any, mpu: Any, world_size: int) -> ParallelTopolo
 def _load(source: Any, world_size: int, world_size_source: str, strict: bool | None) -> DSConfig:
     """``load_config``, strict unless the caller or ``DS_CONFIG_STRICT=0`` asks otherwise."""
     if strict is None:
-        strict = os.environ.get(STRICT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        strict = env_flag(STRICT_ENV, True)
     try:
         return load_config(source, world_size=world_size, world_size_source=world_size_source, strict=strict)
     except ConfigError as exc:

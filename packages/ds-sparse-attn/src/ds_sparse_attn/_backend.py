@@ -13,9 +13,9 @@
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
+from ds_config import env_choice
 
 from . import _cuda_kernels, _flex_attention
 
@@ -36,10 +36,7 @@ def requested(backend: str) -> str:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}.")
     if backend != "auto":
         return backend
-    env = os.environ.get(ENV_VAR, "").strip()
-    if env and env not in BACKENDS:
-        raise ValueError(f"{ENV_VAR}={env!r} is not a backend; use one of {BACKENDS} or unset it.")
-    return env or "auto"
+    return env_choice(ENV_VAR, BACKENDS, "auto")
 
 
 def _say(level: int, *parts: str) -> None:

@@ -20,11 +20,11 @@ once, as ``async_op=True`` does; the callers launch in the same order on every r
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from ds_config import env_choice
 
 from . import _mpi, _shm
 from ._host_transport import HostTransport, Work
@@ -52,10 +52,7 @@ def _agree(ok: bool, group: dist.ProcessGroup | None) -> bool:
 
 
 def choice() -> str:
-    value = os.environ.get(ENV, "auto")
-    if value not in CHOICES:
-        raise ValueError(f"{ENV}={value!r} is not one of {', '.join(CHOICES)}; unset it for 'auto'")
-    return value
+    return env_choice(ENV, CHOICES, "auto")
 
 
 def enable(group: dist.ProcessGroup | None) -> HostTransport | None:

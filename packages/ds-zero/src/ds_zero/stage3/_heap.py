@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
+
+from ds_config import env_flag, env_number
 
 __all__ = ["fix_mmap_threshold", "release_freed_heap"]
 
@@ -72,14 +73,14 @@ def free_heap_bytes() -> int | None:
 
 def step_threshold() -> int:
     """The free heap, in bytes, above which the trim after a step runs (``DS_ZERO_MALLOC_TRIM_MIN_MIB``)."""
-    return int(float(os.environ.get("DS_ZERO_MALLOC_TRIM_MIN_MIB", "64")) * 2**20)
+    return int(env_number("DS_ZERO_MALLOC_TRIM_MIN_MIB", 64) * 2**20)
 
 
 def release_freed_heap(at_least: int = 0) -> bool:
     """``malloc_trim(0)``: give the heap glibc keeps free back to the OS, if more than ``at_least`` bytes
     are free (always where glibc cannot tell). True when it ran."""
     global trims
-    if _trim is None or os.environ.get("DS_ZERO_MALLOC_TRIM", "1") == "0":
+    if _trim is None or not env_flag("DS_ZERO_MALLOC_TRIM", True):
         return False
     free = free_heap_bytes() if at_least > 0 else None
     if free is not None and free <= at_least:
@@ -94,7 +95,7 @@ def fix_mmap_threshold(nbytes: int = STREAMED_MMAP_THRESHOLD) -> bool:
     one from now on (glibc no longer raises the threshold as large blocks are freed). Process-wide; off
     glibc, or with ``DS_ZERO_MALLOC_TRIM=0``, it does nothing. True when it was set."""
     global mmap_threshold
-    if _mallopt is None or os.environ.get("DS_ZERO_MALLOC_TRIM", "1") == "0":
+    if _mallopt is None or not env_flag("DS_ZERO_MALLOC_TRIM", True):
         return False
     if not _mallopt(M_MMAP_THRESHOLD, nbytes):
         return False
