@@ -17,8 +17,9 @@ run with the real DeepSpeed). Each recorded name of each recorded module is exac
   signature that passes the same comparison;
 - **not available**: the object carries ``__ds_missing__`` (``ds_engine._missing``) and calling it raises
   ``FeatureNotAvailableError`` whose message names that feature (the check calls it). A name whose every
-  use raises is this, never "provided": a function (or method, or class ``__init__``) whose body is only a
-  ``raise`` fails the check until it is made a ``missing_function``/``missing_class``;
+  use raises is this, never "provided": a function (or method, or class ``__init__``) whose body only raises
+  ``FeatureNotAvailableError`` or ``NotImplementedError`` fails the check until it is made a
+  ``missing_function``/``missing_class`` (raising what DeepSpeed raises in the same place is provided);
 - **absent**: listed, with the reason, in ``tools/checks/deepspeed_surface_table.py`` (``ABSENT``: a module path
   covers everything under it);
 - **differs**: provided with a difference listed with its reason (``DIFFERS``);
@@ -189,9 +190,13 @@ def not_available(value: Any) -> str | None:
 ALWAYS_RAISES = "every call raises: make it not available (ds_engine._missing) instead of provided"
 
 
+_UNAVAILABLE_ERRORS = ("FeatureNotAvailableError", "NotImplementedError")
+
+
 def always_raises(value: Any) -> bool:
-    """True when a function's body (or a class's ``__init__``) is nothing but a ``raise``: a name whose every
-    use raises is not available, whatever its signature."""
+    """True when a function's body (or a class's ``__init__``) is nothing but raising ``FeatureNotAvailableError``
+    or ``NotImplementedError``: a name whose every use says ds lacks it is not available, whatever its
+    signature."""
     func = value.__dict__.get("__init__") if inspect.isclass(value) else value
     func = getattr(func, "__func__", func)
     if not inspect.isfunction(func):
@@ -204,7 +209,11 @@ def always_raises(value: Any) -> bool:
     if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return False
     body = [s for s in node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    return len(body) == 1 and isinstance(body[0], ast.Raise)
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    # raising what DeepSpeed raises there too (PipelineEngine.forward's PipelineError) is DeepSpeed's behaviour
+    return isinstance(raised, ast.Name) and raised.id in _UNAVAILABLE_ERRORS
 
 
 @dataclass

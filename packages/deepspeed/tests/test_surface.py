@@ -192,17 +192,17 @@ def test_see_memory_usage_prints_only_when_forced(capsys):
 
 def _only_raises(x=None):
     """A docstring does not count."""
-    raise RuntimeError("never works")
+    raise NotImplementedError("never works")
 
 
 class _RaisesOnConstruction:
     def __init__(self, *args):
-        raise RuntimeError("never works")
+        raise NotImplementedError("never works")
 
 
 def _works(x=None):
     if x:
-        raise RuntimeError("only for a true x")
+        raise NotImplementedError("only for a true x")
     return 1
 
 
@@ -214,3 +214,11 @@ def test_a_name_whose_every_use_raises_is_not_counted_as_provided():
     for name in (deepspeed.comm.log_summary, deepspeed.launcher.launcher_helper.main,
                  deepspeed.launcher.multinode_runner.SlurmRunner, deepspeed.ops.op_builder.CPUAdamBuilder.load):  # fmt: skip
         assert tool.not_available(name), name
+
+
+def _raises_as_deepspeed_does():
+    raise RuntimeError("DeepSpeed raises this here too")
+
+
+def test_raising_what_deepspeed_raises_stays_provided():
+    assert not _tool().always_raises(_raises_as_deepspeed_does)
