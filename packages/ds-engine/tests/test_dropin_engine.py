@@ -53,8 +53,13 @@ def test_getters_answer_from_the_config_and_topology():
 
 def test_set_train_batch_size_changes_accumulation():
     engine, *_ = ds_engine.initialize(model=net(), config=CFG)
+    assert engine.config["gradient_accumulation_steps"] != 3  # read once: engine.config must not go stale
     engine.set_train_batch_size(12)
     assert engine.gradient_accumulation_steps() == 3 and engine.train_batch_size() == 12
+    assert engine.config["gradient_accumulation_steps"] == 3 and engine.config["train_batch_size"] == 12
+    engine.set_train_micro_batch_size(2)  # accumulation stays, the train batch follows
+    assert engine.config["train_micro_batch_size_per_gpu"] == 2 and engine.config["train_batch_size"] == 6
+    engine.set_train_micro_batch_size(4)
     assert [engine.is_gradient_accumulation_boundary() for _ in range(1)] == [False]
     with pytest.raises(ValueError, match="divisible"):
         engine.set_train_batch_size(6)

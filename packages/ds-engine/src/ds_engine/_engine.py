@@ -13,7 +13,7 @@ import ds_checkpoint
 import ds_precision
 import ds_tpsp.tensor
 import torch
-from ds_config import DSConfig
+from ds_config import BatchSizes, DSConfig, derive_batch_sizes
 from ds_launch import Topology
 from torch import nn
 
@@ -97,8 +97,17 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                 f"Train batch size must be divisible by micro-batch data parallelism: {train_batch_size} is "
                 f"not a multiple of micro batch {self.train_micro_batch_size_per_gpu()} x {self.world_size} ranks"
             )
-        self.ds_config.gradient_accumulation_steps = train_batch_size // per_step
-        self.ds_config.train_batch_size = train_batch_size
+        self._set_batch_sizes(derive_batch_sizes(train_batch_size, self.train_micro_batch_size_per_gpu(), None,
+                                                 self.world_size, "the engine's data-parallel group"))  # fmt: skip
+
+    def _set_batch_sizes(self, sizes: BatchSizes) -> None:
+        """The one way the batch triple changes after ``initialize``: a triple ds-config derived and checked,
+        written together; ``engine.config`` is rebuilt from it on its next read."""
+        c = self.ds_config
+        c.train_batch_size = sizes.train_batch_size
+        c.train_micro_batch_size_per_gpu = sizes.train_micro_batch_size_per_gpu
+        c.gradient_accumulation_steps = sizes.gradient_accumulation_steps
+        self._config_dict = None
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the coming ``step()`` ends an accumulation window (or what the script set)."""

@@ -8,18 +8,20 @@ from DeepSpeed by tools/fixtures/make_deepspeed_behaviour_fixtures.py). Only rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from ds_config import DSConfig
+from ds_config import BatchSizes, DSConfig, derive_batch_sizes
 
 
 class KeyGetters:
-    """Mixed into ``DeepSpeedEngine``; expects ``ds_config``, ``dp_world_size`` and ``dp_rank``."""
+    """Mixed into ``DeepSpeedEngine``; expects ``ds_config``, ``dp_world_size``, ``dp_rank`` and ``_set_batch_sizes``."""
 
     ds_config: DSConfig
     dp_world_size: int
     dp_rank: int
+    _set_batch_sizes: Callable[[BatchSizes], None]  # the engine's one setter of the batch triple (_engine.py)
 
     # ------------------------------------------------------------------ ZeRO
     def zero_sub_group_size(self) -> int:
@@ -147,9 +149,8 @@ class KeyGetters:
 
     def set_train_micro_batch_size(self, micro_batch_size: int) -> None:
         """Change the micro batch, keeping gradient accumulation: the train batch follows, as DeepSpeed."""
-        c = self.ds_config
-        c.train_batch_size = micro_batch_size * c.gradient_accumulation_steps * self.dp_world_size
-        c.train_micro_batch_size_per_gpu = micro_batch_size
+        self._set_batch_sizes(derive_batch_sizes(None, micro_batch_size, self.ds_config.gradient_accumulation_steps,
+                                                 self.dp_world_size, "the engine's data-parallel group"))  # fmt: skip
 
     def get_data_parallel_rank(self) -> int:
         return self.dp_rank
