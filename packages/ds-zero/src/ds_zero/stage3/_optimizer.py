@@ -11,7 +11,6 @@ from ds_config import DSConfig
 from torch import nn
 
 from .. import _transport
-from .._aio import AsyncFileIO
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
 from .._errors import ZeroConfigError
 from .._fragments import Fragment, ParamFragments, ParamSpan, attach_owner
@@ -20,17 +19,15 @@ from .._partition import norm_ranges
 from .._protocol import LossScalerProtocol
 from .._step import LossScaledStep, partition_norm_sq
 from ._fetch import FetchSchedule
-from ._grad_parts import GradPartitions
 from ._grad_swap import GradSwap
 from ._grads import Stage3Reducer
-from ._heap import fix_mmap_threshold, release_freed_heap, step_threshold
+from ._heap import release_freed_heap, step_threshold
 from ._hooks import GatherHooks
+from ._offload import Offload
 from ._options import Stage3Options
-from ._param_swap import ParamSwap
 from ._partition import PartitionedParams
 from ._state import load_sharded, sharded_state
 from ._subgroups import SubGroups, view_size
-from ._swap import OptimizerSwap, SwapFolder, swap_unit
 from ._zeropp import HostGroups, SecondaryGather, check_host_groups
 
 __all__ = ["ZeroStage3Optimizer"]
@@ -89,87 +86,27 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         self.global_grad_norm: float | None = None
         self.skipped_steps = 0
         groups = [[p for p in g["params"] if p.requires_grad] for g in optimizer.param_groups]
-        cpu = torch.device("cpu")
-        nvme, param_nvme = options.optimizer_nvme, options.param_nvme
-        if nvme is not None:  # a streamed step: its temporaries are not kept as heap (see ``_heap``)
-            fix_mmap_threshold()
-        self.aio: AsyncFileIO | None = None
-        if nvme is not None or param_nvme is not None:  # one I/O pool for both swaps
-            self.aio = AsyncFileIO(options.aio)
-        param_swap = None
-        if param_nvme is not None:
-            param_swap = ParamSwap(
-                SwapFolder(
-                    param_nvme.nvme_path, self.rank, "offload_param", name="ds_swap_params", world=self.dp
-                ),
-                self.aio,
-                buffer_count=param_nvme.buffer_count,
-                buffer_size=param_nvme.buffer_size,
-                max_in_cpu=param_nvme.max_in_cpu,
-                pin_memory=param_nvme.pin_memory,
-            )
+        offload = Offload.build(options, self.rank, self.dp)  # where each piece of state lives (``_offload``)
+        self.aio = offload.aio
         self.params = PartitionedParams(
             groups,
             param_names or {id(p): n for n, p in module.named_parameters()},
             process_group=process_group,
             persistence_threshold=options.param_persistence_threshold,
             model_persistence_threshold=options.model_persistence_threshold,
-            partition_device=cpu if options.offload_param or param_nvme else None,
-            swap=param_swap,
+            partition_device=offload.partition_device,
+            swap=offload.param_swap,
             hpz=SecondaryGather(host_groups.hpz) if options.hpz_partition_size > 1 and self.dp > 1 else None,
             quantize_weights=options.quantized_weights,
         )
         params = self.params
-        master_device = cpu if options.offload_optimizer or nvme else None
-        self.masters: list[torch.Tensor] = []
-        for g, (n, dtype) in enumerate(zip(params.part_numels, params.part_dtypes)):
-            if nvme is not None:  # in files (``_swap``): never written, so its pages are never resident;
-                # its storage is freed once the sub-group views are cut from it and moved to the files
-                self.masters.append(torch.empty(n, dtype=torch.float32))
-                continue
-            # fp32 partitions in memory on the same device: the weight partition is the master (no second copy)
-            if (
-                params.parts is not None
-                and dtype == torch.float32
-                and master_device in (None, params.parts[g].device)
-            ):
-                self.masters.append(params.parts[g])
-                continue
-            part = params.read_part(g, 0, n)
-            self.masters.append(part.detach().to(master_device or part.device, torch.float32, copy=True))
-        grad_dtypes = [options.grad_accum_dtype or d for d in params.part_dtypes]
-        folder = (
-            SwapFolder(nvme.nvme_path, self.rank, "offload_optimizer", world=self.dp)
-            if nvme is not None
-            else None
-        )
-        self.grad_parts: GradPartitions | GradSwap
-        if folder is not None:  # in files next to the masters and state (``_grad_swap``)
-            assert self.aio is not None
-            self.grad_parts = GradSwap(folder, self.aio, params.part_numels, grad_dtypes)
-        else:  # allocated by a backward, freed by the step
-            self.grad_parts = GradPartitions(params.part_numels, grad_dtypes, params.compute_devices)
+        self.masters = offload.masters(params)
+        self.grad_parts = offload.grad_parts(params, [options.grad_accum_dtype or d for d in params.part_dtypes])
         self.sub_groups = SubGroups(self.masters, view_size(optimizer, options.sub_group_size))
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
             g["params"] = views
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
-        self.swap: OptimizerSwap | None = None
-        if nvme is not None:
-            assert self.aio is not None and folder is not None and isinstance(self.grad_parts, GradSwap)
-            self.swap = OptimizerSwap(
-                folder,
-                self.aio,
-                self.sub_groups.views,
-                buffer_count=nvme.buffer_count,
-                pipeline_read=nvme.pipeline_read,
-                pipeline_write=nvme.pipeline_write,
-                pin_memory=nvme.pin_memory,
-                grads=self.grad_parts,
-                unit_numel=swap_unit(options.sub_group_size),
-            )
-            self.swap.init_masters(lambda g, lo, hi: params.read_part(g, lo, hi).to("cpu", torch.float32))
-            for master in self.masters:
-                master.untyped_storage().resize_(0)
+        self.swap = offload.optimizer_swap(self.sub_groups.views, self.masters, params, self.grad_parts)
         self.params.on_write = self._copy_into_master
         self.grads = Stage3Reducer(
             self.params,
