@@ -41,6 +41,7 @@ IMPLEMENTATION = f"ds {ds_engine.__version__} (DeepSpeed {DEEPSPEED_API_VERSION}
 _shadow.warn_conflicts()
 
 from ds_engine._missing import missing_class as _missing_class  # noqa: E402
+from ds_engine._missing import missing_function as _missing_function  # noqa: E402
 
 from deepspeed import accelerator, checkpoint, comm, launcher, moe, ops, pipe, runtime, utils  # noqa: E402
 from deepspeed import constants as constants  # noqa: E402

@@ -249,7 +249,7 @@ class MVAPICHRunner(MPICHRunner):
         super().__init__(args, world_info_base64, resource_pool)
         for key, value in _MV2_EXPORTS.items():
             self.add_export(key, value)
-        from ds_engine.accelerator import get_accelerator
+        from deepspeed.accelerator.real_accelerator import get_accelerator
 
         if get_accelerator().device_name() == "cuda":
             self.add_export("MV2_USE_CUDA", "1")  # CUDA-aware MVAPICH, as DeepSpeed asks for

@@ -24,10 +24,10 @@ from ds_engine._missing import missing_class
 from ds_engine.zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter
 from ds_zero.stage3 import unregister_external_parameter
 
+from deepspeed.accelerator.real_accelerator import get_accelerator
+
 # what a partitioned parameter's own shape is (its data is in ds_tensor): DeepSpeed's module global
 partitioned_param_data_shape = [0]
-
-from deepspeed.accelerator.real_accelerator import get_accelerator
 
 # torch's constructors as they were before any zero.Init (DeepSpeed keeps these names)
 _orig_torch_tensor = torch.tensor

@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ds_engine.accelerator import get_accelerator
 
+from deepspeed.accelerator.real_accelerator import get_accelerator
 from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
 from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
 from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
