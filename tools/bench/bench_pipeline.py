@@ -5,7 +5,7 @@ beside DeepSpeed 0.19.8's pipeline engine. Writes JSON records under docs/benchm
     python tools/bench/bench_pipeline.py bubble --sleep-ms 20   # the same with compute that sleeps (no CPU
                                                      # contention between stage processes on a small machine)
     python tools/bench/bench_pipeline.py memory      # peak saved activations per stage vs micro-batches, 1F1B and GPipe
-    python tools/bench/bench_pipeline.py steptime --deepspeed-python /work/refenv/bin/python [--runs 3]
+    python tools/bench/bench_pipeline.py steptime --deepspeed-python $DS_DEEPSPEED_PYTHON [--runs 3]
 
 bubble/memory run real gloo ranks (rank_testing.spawn) over ds_pipe's runner with plain SGD hooks: stage
 ``s`` of ``p`` idles for ``wall - busy`` of a batch, busy being its ForwardPass and BackwardPass time; the 1F1B
@@ -274,7 +274,11 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--deepspeed-python", default="/work/refenv/bin/python")
+    parser.add_argument(
+        "--deepspeed-python",
+        default=os.environ.get("DS_DEEPSPEED_PYTHON"),
+        help="a python with deepspeed==0.19.8 installed (default: $DS_DEEPSPEED_PYTHON)",
+    )
     args = parser.parse_args()
     before = _env()
     if args.what == "bubble":
