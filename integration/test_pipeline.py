@@ -21,7 +21,7 @@ CASES = ["neox_2stages_fp32", "neox_2stages_zero1_fp32"]
 LAYOUTS = {2: [2], 4: [2, 4]}.get(world_size(), [])  # pipeline stages run at this world size
 
 
-def _run(stages: int, record: dict, tmp_path: Path) -> dict:
+def _run(stages: int, record: dict, tmp_path: Path, *extra: str) -> dict:
     from test_dropin import deepspeed_command
 
     cfg, out = tmp_path / "ds_config.json", tmp_path / "losses.json"
@@ -35,6 +35,7 @@ def _run(stages: int, record: dict, tmp_path: Path) -> dict:
         str(out),
         "--deepspeed_config",
         str(cfg),
+        *extra,
     ]
     if world_size() == 2:
         deepspeed_command(SCRIPT, *args)  # DeepSpeed's launcher command line, ds's package
@@ -53,6 +54,27 @@ def test_losses_equal_deepspeed_pipeline_engine(case: str, stages: int, tmp_path
     assert got["losses"] == pytest.approx(record["losses"], rel=1e-5)
     if stages == 2:
         assert got["parts"] == record["parts"]  # the same layers on each stage ("parameters" partition)
+
+
+@pytest.mark.skipif(not LAYOUTS, reason="the pipeline script runs at 2 and 4 ranks")
+def test_deepspeed_pipeline_checkpoint_weights_load(tmp_path: Path):
+    """DeepSpeed 0.19.8's checkpoint of the script after 4 steps (its layer_XX-model_states.pt files, read by
+    ds_checkpoint's restricted unpickler) loads at another degree than DeepSpeed's 2 stages: as the plain model
+    (one stage, 2 data-parallel ranks) at 2 ranks, at 4 stages at 4 ranks; the loss of step 5 is DeepSpeed's."""
+    record = json.loads((FIXTURES / "neox_2stages_fp32.json").read_text())
+    ckpt = FIXTURES / "ckpt_neox_2stages_step4"
+    got = _run(
+        {2: 1, 4: 4}[world_size()],
+        record,
+        tmp_path,
+        "--load_dir",
+        str(ckpt),
+        "--start_step",
+        "4",
+        "--steps",
+        "5",
+    )
+    assert got["losses"][0] == pytest.approx(record["losses"][4], rel=1e-5)
 
 
 @pytest.mark.skipif(world_size() != 2, reason="one 2-rank job is enough to see a dead stage end it")

@@ -8,6 +8,7 @@ an iterator of ``(tokens, labels)`` micro-batches. Each data-parallel rank reads
 micro-batches (by ``engine.grid``), so the global batch, and the losses, do not depend on the layout.
 
 Usage: gpt_neox_pipe.py --stages P --steps N --out LOSSES.json --deepspeed_config CFG [--save_dir DIR]
+       [--load_dir DIR --start_step S]  (weights only: the loss of step S is the saved weights' loss)
 """
 
 import argparse
@@ -109,6 +110,8 @@ def main():
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", required=True)
     parser.add_argument("--save_dir", default=None)
+    parser.add_argument("--load_dir", default=None, help="start from this checkpoint's weights")
+    parser.add_argument("--start_step", type=int, default=0, help="the data step to start at")
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
 
@@ -131,8 +134,10 @@ def main():
     micro = engine.train_micro_batch_size_per_gpu()
     per_step = engine.train_batch_size() // micro
     dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+    if args.load_dir:
+        engine.load_checkpoint(args.load_dir, load_optimizer_states=False, load_lr_scheduler_states=False)
     losses, step_times = [], []
-    for step in range(args.steps):
+    for step in range(args.start_step, args.steps):
         data_iter = iter(micro_batches(step, micro, per_step, dp_rank, dp_size))
         start = time.perf_counter()
         loss = engine.train_batch(data_iter=data_iter)

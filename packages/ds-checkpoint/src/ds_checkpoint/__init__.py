@@ -2,7 +2,7 @@
 
 from ._clone import clone_tensors_for_torch_save
 from ._config_fields import CONFIG_FIELDS
-from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed
+from ._deepspeed_import import DeepSpeedCheckpoint, load_deepspeed, safe_torch_load
 from ._deepspeed_names import layer_ckpt_name_for_rank, model_ckpt_name_for_rank, zero_ckpt_name_for_rank
 from ._errors import (
     CheckpointCorruptError,
@@ -55,6 +55,7 @@ __all__ = [
     "export_fp32",
     "fp32_state_dict",
     "load_deepspeed",
+    "safe_torch_load",
     "load_state",
     "read_shard",
     "resolve_checkpoint",

@@ -91,6 +91,10 @@ def load_pipeline_checkpoint(
             return None, None
         tag = latest.read_text().strip()
     root = Path(load_dir) / str(tag)
+    if not (root / "pipe.json").exists() and any(root.glob("layer_*-model_states.pt")):
+        return _import_deepspeed_layers(
+            engine, root, strict=strict, load_optimizer_states=load_optimizer_states
+        )
     saved = json.loads((root / "pipe.json").read_text())
     for idx, layer in _stateful_layers(module):
         path = _layer_file(root, idx)
@@ -130,3 +134,30 @@ def load_pipeline_checkpoint(
         engine.lr_scheduler.load_state_dict(state.lr_scheduler)
     engine._load_counters(state.counters)
     return str(root), state.client_state
+
+
+def _import_deepspeed_layers(
+    engine: Any, root: Path, *, strict: bool, load_optimizer_states: bool
+) -> tuple[str, dict]:
+    """A DeepSpeed pipeline checkpoint: each layer's weights from DeepSpeed's ``layer_XX-model_states.pt``
+    (read with ds_checkpoint's restricted unpickler), at any pipeline degree. DeepSpeed's optimizer files
+    are not imported: that is refused unless ``load_optimizer_states=False``."""
+    module, grid = engine.module, engine.grid
+    if load_optimizer_states:
+        raise PipelineCheckpointError(
+            f"{root} is a DeepSpeed pipeline checkpoint: ds imports its per-layer weights, not its optimizer "
+            "state; load it with load_checkpoint(..., load_optimizer_states=False)"
+        )
+    for idx, layer in _stateful_layers(module):
+        files = sorted(root.glob(f"layer_{idx:02d}-*model_states.pt"))
+        if files:
+            layer.load_state_dict(ds_checkpoint.safe_torch_load(files[0]), strict=strict)
+        elif layer.state_dict():
+            raise PipelineCheckpointError(
+                f"stage {grid.stage_id}: {module.layer_name(idx)} has no DeepSpeed weights file "
+                f"layer_{idx:02d}-model_states.pt in {root}"
+            )
+    module.synchronize_tied_weights()
+    if engine._sharded_state() is not None:
+        engine._refresh_master_from_weights()
+    return str(root), {}
