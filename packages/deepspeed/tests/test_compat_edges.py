@@ -1,6 +1,6 @@
 """Edge behaviours DeepSpeed 0.19.8's own tests pin, against its record (``fixtures/deepspeed_compat.json``,
-"edges" and "save_load_edges", ``tools/fixtures/make_deepspeed_compat_fixtures.py``): the same functions run
-here under ds.
+"edges" and "save_load_edges", written by ``tools/fixtures/make_deepspeed_compat_fixtures.py`` from the cases in
+``tools/fixtures/deepspeed_compat_cases.py``): the same functions run here under ds.
 
 - ``init_distributed(dist_init_required=False)`` with no process group raises DeepSpeed's AssertionError at
   once (it must never wait for a job);
@@ -23,21 +23,21 @@ from rank_testing import spawn
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_compat.json").read_text())
 FIXTURES = str(Path(__file__).resolve().parents[3] / "tools/fixtures")
 sys.path.insert(0, FIXTURES)
-import make_deepspeed_compat_fixtures as recorder  # noqa: E402
+import deepspeed_compat_cases as recorder  # noqa: E402
 
 
 def _run(rank: int, world_size: int, name: str):
     sys.path.insert(0, FIXTURES)
-    import make_deepspeed_compat_fixtures
+    import deepspeed_compat_cases
 
-    return json.loads(json.dumps(getattr(make_deepspeed_compat_fixtures, name)(rank, world_size)))
+    return json.loads(json.dumps(getattr(deepspeed_compat_cases, name)(rank, world_size)))
 
 
 def _edges(rank: int, world_size: int):
     sys.path.insert(0, FIXTURES)
-    import make_deepspeed_compat_fixtures
+    import deepspeed_compat_cases
 
-    return json.loads(json.dumps(make_deepspeed_compat_fixtures.edge_cases()))
+    return json.loads(json.dumps(deepspeed_compat_cases.edge_cases()))
 
 
 def test_init_distributed_without_a_process_group_raises_at_once():

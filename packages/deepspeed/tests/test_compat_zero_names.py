@@ -1,7 +1,8 @@
 """ZeRO names code reaches into, at 2 gloo ranks, against DeepSpeed 0.19.8's record.
 
-``fixtures/deepspeed_compat.json`` ("zero_names") holds what ``zero_names_case`` of
-``tools/fixtures/make_deepspeed_compat_fixtures.py`` returned on each rank under the real DeepSpeed: a stage-3
+``fixtures/deepspeed_compat.json`` ("zero_names") holds what ``zero_names_case``
+(``tools/fixtures/deepspeed_compat_cases.py``, run by ``tools/fixtures/make_deepspeed_compat_fixtures.py``)
+returned on each rank under the real DeepSpeed: a stage-3
 parameter's shape (``partitioned_param_data_shape``), ``ds_shape`` and ``ds_tensor`` around
 ``GatheredParameters`` with a modifier rank, a parent initialising its child's weight in ``__init__`` under
 ``zero.Init``, ``_external_params`` and ``unregister_external_parameter``, ``deepspeed.runtime.zero.utils`` and
@@ -22,7 +23,7 @@ FIXTURES = str(Path(__file__).resolve().parents[3] / "tools/fixtures")
 
 def _case(rank: int, world_size: int) -> dict:
     sys.path.insert(0, FIXTURES)
-    from make_deepspeed_compat_fixtures import zero_names_case
+    from deepspeed_compat_cases import zero_names_case
 
     return zero_names_case(rank, world_size)
 
