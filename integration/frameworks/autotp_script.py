@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import deepspeed
 import torch
@@ -26,6 +27,10 @@ p.add_argument("--steps", type=int, default=4)
 p.add_argument("--micro", type=int, default=2)
 p.add_argument("--overlap", action="store_true")
 p.add_argument("--save", default="")
+p.add_argument("--width", type=int, default=32, help="hidden size (the benchmark's is larger)")
+p.add_argument("--layers", type=int, default=2)
+p.add_argument("--seq", type=int, default=12)
+p.add_argument("--report", action="store_true", help="print bytes per rank and step times (the benchmark)")
 p.add_argument("--local_rank", type=int, default=-1)
 args = p.parse_args()
 
@@ -35,8 +40,9 @@ dp = world // args.tp
 torch.manual_seed(0)
 model = LlamaForCausalLM(
     LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=32, attn_implementation="eager",
+        vocab_size=64 if args.width == 32 else 1024, hidden_size=args.width, intermediate_size=2 * args.width,
+        num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=max(32, args.seq), attn_implementation="eager",
     )
 )  # fmt: skip
 config = {
@@ -50,19 +56,57 @@ config = {
     "steps_per_print": 1000,
 }
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
+if rank == 0:  # the split is real on both sides: q_proj holds hidden/tp rows per rank
+    print(
+        json.dumps({"q_proj_rows": engine.module.model.layers[0].self_attn.q_proj.weight.shape[0]}),
+        flush=True,
+    )
 dp_rank = rank // args.tp
+vocab = model.config.vocab_size
+seconds = []
 for step in range(args.steps):
     g = torch.Generator().manual_seed(100 + step)
-    ids = torch.randint(0, 64, (args.micro * dp, 12), generator=g)[
-        dp_rank * args.micro : (dp_rank + 1) * args.micro
-    ]
+    ids = torch.randint(0, vocab, (args.micro * dp, args.seq), generator=g)
+    ids = ids[dp_rank * args.micro : (dp_rank + 1) * args.micro]
+    t0 = time.perf_counter()
     loss = engine(input_ids=ids, labels=ids).loss
     engine.backward(loss)
     engine.step()
+    seconds.append(time.perf_counter() - t0)
     mean = loss.detach().float().clone()
     dist.all_reduce(mean)
     if rank == 0:
         print(json.dumps({"step": step, "loss": mean.item() / world}), flush=True)
+if args.report and rank == 0:
+    linear = {
+        n for n, m in engine.module.named_modules() if n.startswith("model.layers.") and hasattr(m, "weight")
+    }
+    split = sum(
+        p.numel() * p.element_size()
+        for n, p in engine.module.named_parameters()
+        if n.rsplit(".", 1)[0] in linear and "layernorm" not in n
+    )
+    inner = engine.optimizer
+    while not isinstance(inner, torch.optim.Optimizer) and hasattr(inner, "optimizer"):
+        inner = inner.optimizer
+    state = sum(
+        t.numel() * t.element_size() for s in inner.state.values() for t in s.values() if torch.is_tensor(t)
+    )
+    names = {id(p): n for n, p in engine.module.named_parameters()}  # per parameter at ZeRO 0 (fp32)
+    split_state = sum(
+        t.numel() * t.element_size()
+        for p, s in inner.state.items()
+        if names.get(id(p), "").rsplit(".", 1)[0] in linear and "layernorm" not in names[id(p)]
+        for t in s.values()
+        if torch.is_tensor(t) and t.dim() > 0
+    )
+    report = {
+        "split_layer_param_bytes": split,
+        "split_layer_optimizer_bytes": split_state,
+        "optimizer_state_bytes": state,
+        "step_seconds": seconds,
+    }
+    print(json.dumps(report), flush=True)
 if args.save:
     engine.save_16bit_model(args.save)
     if rank == 0:

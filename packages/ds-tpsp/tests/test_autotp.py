@@ -59,15 +59,36 @@ def test_full_weights_equal_the_unsplit_model_and_load_back(ran):
     assert [out["round_trip"] for out in ran] == [(True, True), (True, True)]
 
 
-def test_config_keys_are_read_and_act(ran):
+def test_config_fields_are_the_reads_the_code_makes(ran):
     from ds_tpsp import CONFIG_FIELDS
 
-    got = ran[0]["config"]
-    assert got["read"] == sorted(CONFIG_FIELDS)
-    # partition_config's head rule first, then the preset's (use_default_specs); tp_overlap_comm
+    assert ran[0]["config"]["read"] == sorted(CONFIG_FIELDS)
+
+
+def test_layer_specs_and_use_default_specs_merge_with_the_preset(ran):
+    got = ran[0]["config"]  # partition_config's head rule first, then the preset's (use_default_specs true)
     assert got["source"] == "partition_config then preset 'llama'" and len(got["layers"]) == 15
-    assert got["layers"]["lm_head"] == "column+gather" and got["grad_fn"] == "_OverlappedColumnLinearBackward"
-    assert got["alone"] == {"lm_head": "column+gather"}  # use_default_specs: false
-    assert "strict_mode" in got["strict"] and "lm_head.weight" in got["strict"]
-    assert "vocab_parallel_lm_head" in got["vocab"] and "not available" in got["vocab"]
-    assert "autotp_size is 4" in got["size"] and "2 ranks" in got["size"]
+    assert got["layers"]["lm_head"] == "column+gather"
+
+
+def test_use_default_specs_false_takes_the_layer_specs_alone(ran):
+    assert ran[0]["config"]["alone"] == {"lm_head": "column+gather"}
+
+
+def test_tp_overlap_comm_from_the_config(ran):
+    assert ran[0]["config"]["grad_fn"] == "_OverlappedColumnLinearBackward"
+
+
+def test_strict_mode_names_the_weight_no_spec_matches(ran):
+    got = ran[0]["config"]["strict"]
+    assert got is not None and "strict_mode" in got and "lm_head.weight" in got
+
+
+def test_vocab_parallel_lm_head_true_is_refused_by_name(ran):
+    got = ran[0]["config"]["vocab"]
+    assert got is not None and "vocab_parallel_lm_head" in got and "not available" in got
+
+
+def test_autotp_size_other_than_the_group_is_an_error(ran):
+    got = ran[0]["config"]["size"]
+    assert got is not None and "autotp_size is 4" in got and "2 ranks" in got

@@ -429,6 +429,22 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                 copies[id(v)] = v.detach().cpu().clone()
         return {k: copies[id(v)] for k, v in state.items()}
 
+    def _consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
+        """DeepSpeed's whole-weights state dict of a partitioned model (what Accelerate's ``get_state_dict``
+        calls under ZeRO-3 or AutoTP): a collective; rank 0 gets the weights, the other ranks an empty dict."""
+        if self.zero_optimization_stage() == 3:
+            return self._zero3_consolidated_16bit_state_dict(exclude_frozen_parameters)
+        if ds_tpsp.tensor.tp_group_of(self.module) is None:
+            raise ValueError(
+                "consolidated_16bit_state_dict is only applicable to cases where weights are partitioned, "
+                "including Zero Stage 3 and tensor parallelism."
+            )
+        state = self._module_state_dict()
+        if exclude_frozen_parameters:
+            frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k not in frozen}
+        return {k: v.detach().cpu().clone() for k, v in state.items()} if self.global_rank == 0 else {}
+
     def module_state_dict(self, destination: Any = None, prefix: str = "", keep_vars: bool = False) -> dict:
         return self.module.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
 

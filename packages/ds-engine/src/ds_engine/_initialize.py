@@ -89,13 +89,9 @@ def initialize(
     mpu = grid if grid is not None else mpu
     sequence_mpu, mpu = (mpu, None) if is_sequence_mpu(mpu) else (None, mpu)  # replaced by a grid below
     parallel = _parallel_topology(source, mpu, topology.world_size)
-    dp_world_size = (
-        mpu.get_data_parallel_world_size()
-        if mpu is not None
-        else parallel.size("data")
-        if parallel is not None
-        else topology.world_size
-    )
+    # the batch sizes count every rank under AutoTP, as DeepSpeed 0.19.8 derives them (its config is read before
+    # the tensor-parallel groups exist); the data-parallel ranks are what the loader shards over
+    dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
     dp_world_size //= sequence_parallel_hint(source, sequence_mpu, dp_world_size)  # the batch math: world / sp
     cfg = _load(
         source,
@@ -142,7 +138,7 @@ def initialize(
             training_data,
             micro_batch_size=cfg.train_micro_batch_size_per_gpu,
             rank=dp_rank,
-            world_size=dp_world_size,
+            world_size=parallel.size("data") if parallel is not None and mpu is None else dp_world_size,
             collate_fn=collate_fn,
             drop_last=cfg.dataloader_drop_last,
         )
