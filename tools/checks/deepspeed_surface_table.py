@@ -25,7 +25,11 @@ _PIPE = (
     "deepspeed.runtime.engine"
 )
 _MOE = "mixture of experts / expert parallelism"
-_TP = "tensor parallelism (AutoTP) and sequence parallelism: ds is data parallel only"
+_TP = (
+    "DeepSpeed's AutoTP and sequence-parallel internals (set_autotp_mode, tp_model_init's record/merge helpers, "
+    "runtime.tensor_parallel / sequence_parallel / domino modules): ds's AutoTP is ds_tpsp.tensor, reached "
+    "through tensor_parallel.autotp_size and deepspeed.tp_model_init"
+)
 _ACCEL = (
     "DeepSpeed's accelerator classes per device (CUDA, XPU, NPU, HPU, MPS...): ds's accelerator is "
     "deepspeed.accelerator.get_accelerator() over torch (CPU and CUDA)"
@@ -96,10 +100,6 @@ ENGINE_ABSENT: dict[str, str] = {
             ).split()
         ],
         "engine.compile / DeepCompile and its passes: not in ds",
-    ),
-    **dict.fromkeys(
-        [_E + n for n in "autotp_size tensor_parallel_config".split()],
-        "AutoTP tensor parallelism: not in ds (data-parallel only)",
     ),
     _E + "load_moe_state_dict": "MoE: not in ds",
     _E + "print_forward_breakdown": "MoE gate/all-to-all timing: MoE is not in ds",

@@ -175,6 +175,14 @@ class ConfigGetters:
     def mp_world_size(self) -> int:
         return self.topology.world_size // self.parts.dp_world_size
 
+    # ------------------------------------------------------------------ tensor parallelism (AutoTP)
+    def autotp_size(self) -> int:
+        return self.ds_config.tensor_parallel.autotp_size
+
+    def tensor_parallel_config(self) -> Any:
+        """The ``tensor_parallel`` section (ds_config's typed model; DeepSpeed returns its own)."""
+        return self.ds_config.tensor_parallel
+
     # ------------------------------------------------------------------ sequence parallelism (Ulysses)
     @property
     def sequence_parallel_size(self) -> int:
