@@ -22,6 +22,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--tp", type=int, default=1)
 p.add_argument("--zero", type=int, default=1)
 p.add_argument("--bf16", action="store_true")
+p.add_argument("--fp16", action="store_true")
 p.add_argument("--clip", type=float, default=0.0)
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--micro", type=int, default=2)
@@ -52,6 +53,7 @@ config = {
     "zero_optimization": {"stage": args.zero},
     "gradient_clipping": args.clip,
     "bf16": {"enabled": args.bf16},
+    "fp16": {"enabled": args.fp16, "initial_scale_power": 8},
     "tensor_parallel": {"autotp_size": args.tp, "tp_overlap_comm": args.overlap},
     "steps_per_print": 1000,
 }

@@ -1,7 +1,7 @@
 """AutoTP training (``tensor_parallel.autotp_size``) of a tiny Hugging Face Llama on ds's ``deepspeed``, against
 DeepSpeed 0.19.8 running the same scripts (fixtures/autotp.json, recorded by
 tools/fixtures/make_autotp_fixtures.py): a user's script at tp 2 (ZeRO 1, clipping), tp 2 x dp 2 (ZeRO 2,
-4 ranks) and bf16; the Trainer with autotp_size in its DeepSpeed config, whose saved weights load into the
+4 ranks), bf16 and fp16; the Trainer with autotp_size in its DeepSpeed config, whose saved weights load into the
 plain Llama. DeepSpeed's own tp-1 runs of the script give the same losses as its tp-2 runs (fp32), so ds's
 tp-2 losses equal the unsplit model's too.
 """
@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 FIXTURE = json.loads((HERE / "fixtures" / "autotp.json").read_text())
 CASES = FIXTURE["cases"]
 REL_TOL = 1e-5
-BF16_REL_TOL = 1e-2  # bf16 matmuls summed in another order (split over ranks) round differently
+HALF_REL_TOL = 1e-2  # bf16/fp16 matmuls summed in another order (split over ranks) round differently
 
 
 def _close(ours, theirs, tol, what):
@@ -30,22 +30,26 @@ def _close(ours, theirs, tol, what):
 
 def test_fixture_is_deepspeed_0198_and_its_tp2_equals_its_tp1():
     assert FIXTURE["deepspeed_version"] == "0.19.8"
-    _close(CASES["tp2_zero1_clip"]["losses"], CASES["tp1_zero1_clip"]["losses"], REL_TOL, "DeepSpeed tp2 vs tp1")
+    _close(
+        CASES["tp2_zero1_clip"]["losses"], CASES["tp1_zero1_clip"]["losses"], REL_TOL, "DeepSpeed tp2 vs tp1"
+    )
     _close(CASES["tp2_dp2_zero2_clip"]["losses"], CASES["tp1_dp2_zero2_clip"]["losses"], REL_TOL, "tp2xdp2")
     assert CASES["tp2_zero1_clip"]["q_proj_rows"] == 16 and CASES["tp1_zero1_clip"]["q_proj_rows"] == 32
 
 
-@pytest.mark.parametrize("case", ["tp2_zero1_clip", "tp2_dp2_zero2_clip", "tp2_bf16"])
+@pytest.mark.parametrize("case", ["tp2_zero1_clip", "tp2_dp2_zero2_clip", "tp2_bf16", "tp2_fp16"])
 def test_script_losses_equal_deepspeeds(case):
     want = CASES[case]
     records = run_script(sys.executable, "autotp_script.py", *want["args"], nproc=want["ranks"])
     assert [r["q_proj_rows"] for r in records if "q_proj_rows" in r] == [want["q_proj_rows"]]
-    _close(losses(records), want["losses"], BF16_REL_TOL if "bf16" in case else REL_TOL, case)
+    _close(losses(records), want["losses"], HALF_REL_TOL if "16" in case else REL_TOL, case)
 
 
 def test_trainer_trains_with_deepspeeds_losses_and_saves_weights_the_plain_model_loads(tmp_path):
     want = CASES["trainer_tp2"]
-    records = run_script(sys.executable, "autotp_trainer_script.py", *want["args"], "--out", str(tmp_path), nproc=2)
+    records = run_script(
+        sys.executable, "autotp_trainer_script.py", *want["args"], "--out", str(tmp_path), nproc=2
+    )
     _close(losses(records), want["losses"], REL_TOL, "Trainer tp2")
     saved = [r for r in records if "loads" in r][-1]
     assert saved["loads"] and saved["shapes_whole"]
