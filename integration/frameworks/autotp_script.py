@@ -78,7 +78,9 @@ for step in range(args.steps):
     mean = loss.detach().float().clone()
     dist.all_reduce(mean)
     if rank == 0:
-        print(json.dumps({"step": step, "loss": mean.item() / world}), flush=True)
+        norm = engine.get_global_grad_norm()  # the norm clipping used: over the whole model
+        norm = float(norm) if norm is not None else None
+        print(json.dumps({"step": step, "loss": mean.item() / world, "grad_norm": norm}), flush=True)
 if args.report and rank == 0:
     linear = {
         n for n, m in engine.module.named_modules() if n.startswith("model.layers.") and hasattr(m, "weight")

@@ -34,15 +34,28 @@ def test_fixture_is_deepspeed_0198_and_its_tp2_equals_its_tp1():
         CASES["tp2_zero1_clip"]["losses"], CASES["tp1_zero1_clip"]["losses"], REL_TOL, "DeepSpeed tp2 vs tp1"
     )
     _close(CASES["tp2_dp2_zero2_clip"]["losses"], CASES["tp1_dp2_zero2_clip"]["losses"], REL_TOL, "tp2xdp2")
+    for tp2, tp1 in (("tp2_zero1_clip", "tp1_zero1_clip"), ("tp2_dp2_zero2_clip", "tp1_dp2_zero2_clip")):
+        _close(CASES[tp2]["grad_norms"], CASES[tp1]["grad_norms"], REL_TOL, f"DeepSpeed {tp2} norm vs {tp1}")
     assert CASES["tp2_zero1_clip"]["q_proj_rows"] == 16 and CASES["tp1_zero1_clip"]["q_proj_rows"] == 32
 
 
-@pytest.mark.parametrize("case", ["tp2_zero1_clip", "tp2_dp2_zero2_clip", "tp2_bf16", "tp2_fp16"])
+@pytest.mark.parametrize("case", ["tp2_zero1_clip", "tp2_dp2_zero2_clip", "tp2_bf16"])
 def test_script_losses_equal_deepspeeds(case):
     want = CASES[case]
     records = run_script(sys.executable, "autotp_script.py", *want["args"], nproc=want["ranks"])
     assert [r["q_proj_rows"] for r in records if "q_proj_rows" in r] == [want["q_proj_rows"]]
     _close(losses(records), want["losses"], HALF_REL_TOL if "16" in case else REL_TOL, case)
+    if "clip" in case:  # the norm clipping used covers the whole model: shards summed over the tensor axis
+        norms = [r["grad_norm"] for r in records if "step" in r]
+        _close(norms, want["grad_norms"], REL_TOL, f"{case} gradient norm")
+
+
+def test_fp16_at_tp2_tracks_deepspeeds_fp32_losses():
+    """DeepSpeed 0.19.8 refuses fp16 on a CPU, so ds's fp16 run (loss scaling, fp32 masters) is held to
+    DeepSpeed's fp32 losses of the same script (ds's fp16 tp-2 and tp-1 runs agree within 3e-5)."""
+    want = CASES["tp2_zero1_clip"]
+    records = run_script(sys.executable, "autotp_script.py", *want["args"], "--fp16", nproc=2)
+    _close(losses(records), CASES["tp2_zero1_clip"]["losses"], 1e-3, "fp16 tp2")
 
 
 def test_trainer_trains_with_deepspeeds_losses_and_saves_weights_the_plain_model_loads(tmp_path):
