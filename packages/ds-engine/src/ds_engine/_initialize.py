@@ -92,7 +92,9 @@ def initialize(
     # the batch sizes count every rank under AutoTP, as DeepSpeed 0.19.8 derives them (its config is read before
     # the tensor-parallel groups exist); the data-parallel ranks are what the loader shards over
     dp_world_size = mpu.get_data_parallel_world_size() if mpu is not None else topology.world_size
-    dp_world_size //= sequence_parallel_hint(source, sequence_mpu, dp_world_size)  # the batch math: world / sp
+    dp_world_size //= sequence_parallel_hint(
+        source, sequence_mpu, dp_world_size
+    )  # the batch math: world / sp
     cfg = _load(
         source,
         dp_world_size,
