@@ -60,7 +60,15 @@ def zero3_run(tmp_path_factory) -> tuple[list[dict], Path]:
 
 def test_fixture_is_deepspeed_0198():
     assert FIXTURE["deepspeed_version"] == "0.19.8"
-    assert set(FIXTURE["cases"]) == {"zero0", "zero2_offload", "zero3", "zero3_nvme"}
+    # the sequence-parallel cases (sp2_*) are test_trainer_sp.py's
+    assert set(FIXTURE["cases"]) == {
+        "zero0",
+        "zero2_offload",
+        "zero3",
+        "zero3_nvme",
+        "sp2_zero2",
+        "sp2_zero3",
+    }
 
 
 @pytest.mark.parametrize("case", ["zero0", "zero2_offload", "zero3_nvme"])

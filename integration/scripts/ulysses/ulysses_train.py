@@ -11,6 +11,7 @@ The config carries ``sequence_parallel_size``.
 
 import argparse
 import json
+import time
 
 import deepspeed
 import deepspeed.runtime.sequence_parallel.parallel_state_sp as mpu
@@ -19,7 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from deepspeed.sequence.layer import DistributedAttention
 
-VOCAB, DIM, HEADS, LAYERS, SEQ = 64, 32, 4, 2, 32
+VOCAB, DIM, HEADS, LAYERS = 64, 32, 4, 2
+SEQ = 32  # --seq changes it (tools/bench/bench_ulysses.py)
 
 
 def causal_attention(q, k, v):
@@ -67,8 +69,11 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--checkpoint", action="store_true", help="activation checkpointing of every block")
+    parser.add_argument("--seq", type=int, default=SEQ, help="sequence length (the benchmark's)")
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
+    global SEQ
+    SEQ = args.seq
 
     deepspeed.init_distributed(dist_backend="gloo")
     with open(args.deepspeed_config) as f:
@@ -89,8 +94,9 @@ def main():
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, VOCAB, (4, mbs * gas * dp, SEQ + 1), generator=g)
     chunk = SEQ // sp
-    losses = []
+    losses, seconds = [], []
     for step in range(args.steps):
+        start = time.perf_counter()
         total = torch.zeros(())
         for micro in range(gas):
             first = (micro * dp + dp_rank) * mbs  # this data-parallel rank's micro-batch
@@ -103,9 +109,10 @@ def main():
             total += loss.detach().float() / gas
         dist.all_reduce(total)  # the mean over every rank: each holds an equal share of the tokens
         losses.append(total.item() / world)
+        seconds.append(time.perf_counter() - start)
     if rank == 0:
         with open(args.out, "w") as f:
-            json.dump({"losses": losses}, f)
+            json.dump({"losses": losses, "step_seconds": seconds}, f)
 
 
 if __name__ == "__main__":

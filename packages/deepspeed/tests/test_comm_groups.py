@@ -182,7 +182,7 @@ def test_groups_getters(ranks):
         assert g["utils re-exports the getters"]
 
 
-def test_moe_initialize_and_sequence_parallel_name_the_feature(ranks):
+def test_moe_initialize_names_the_feature_and_no_sequence_group_is_a_key_error(ranks):
     for rank, got in enumerate(ranks):
         rec, g = RECORD["ranks"][rank]["groups before initialize"], got["groups"]
         # DeepSpeed 0.19.8: a DeprecatedException pointing to MoE(ep_size=...); ds has no MoE at all
@@ -190,10 +190,10 @@ def test_moe_initialize_and_sequence_parallel_name_the_feature(ranks):
         for key in ("initialize()", "initialize(ep_size=2)"):
             mro, message = g[key]
             assert "FeatureNotAvailableError" in mro and "mixture of experts" in message, key
-        # DeepSpeed: a KeyError without an mpu or mesh; ds: sequence parallelism is not in ds
+        # without sequence parallelism: DeepSpeed's KeyError (no mpu or mesh), the same in ds
         assert rec["_get_sequence_parallel_group"]["raises"] == "KeyError"
         mro, message = g["_get_sequence_parallel_group"]
-        assert "FeatureNotAvailableError" in mro and "sequence parallelism" in message
+        assert "KeyError" in mro and "No sequence parallel group found" in message
 
 
 def test_accelerator_base_class(ranks):
@@ -295,26 +295,22 @@ def test_cifar_style_moe_flag_names_moe_instead_of_an_attribute_error(ranks):
         assert "FeatureNotAvailableError" in mro and "mixture of experts" in message and "--moe" in message
 
 
-def test_frameworks_sequence_and_tensor_parallel_entry_points_name_the_feature():
-    """Accelerate (sp_size > 1) reaches these; ds fails naming the feature (tp_model_init: test_tp_model_init.py)."""
+def test_frameworks_sequence_parallel_entry_points_are_ds_tpsps():
+    """Accelerate (sp_size > 1) reaches these: ds_tpsp's ALST (trained in ds-tpsp's and the frameworks' tests)."""
     import inspect
 
     from deepspeed.runtime.sequence_parallel.ulysses_sp import (
         UlyssesSPAttentionHF,
         UlyssesSPDataLoaderAdapter,
     )
-    from ds_engine import FeatureNotAvailableError
+    from ds_tpsp.sequence import alst
 
-    inspect.signature(UlyssesSPAttentionHF.register_with_transformers)  # Accelerate inspects it first
-    calls = {
-        "sequence parallelism": [
-            lambda: UlyssesSPAttentionHF.register_with_transformers(
-                model_name_or_path=None, sequence_parallel_size=2
-            ),
-            lambda: UlyssesSPDataLoaderAdapter(None, sp_rank=0, sp_group=None, sp_world_size=2, device="cpu"),
-        ],
-    }
-    for feature, fns in calls.items():
-        for fn in fns:
-            with pytest.raises(FeatureNotAvailableError, match=feature):
-                fn()
+    params = inspect.signature(
+        UlyssesSPAttentionHF.register_with_transformers
+    ).parameters  # Accelerate's check
+    assert "disable_in_eval" in params and "process_group" not in params
+    assert issubclass(UlyssesSPAttentionHF, alst.UlyssesSPAttentionHF)
+    assert UlyssesSPDataLoaderAdapter is alst.UlyssesSPDataLoaderAdapter
+    assert (
+        UlyssesSPAttentionHF.register_with_transformers(None, "sdpa", 1, 1) is None
+    )  # size 1: nothing to do

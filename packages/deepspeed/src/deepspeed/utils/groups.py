@@ -11,7 +11,8 @@ which its engine and published code call, answer from the world. ds's public and
 answer, with the private ones' values (compared at 2 ranks with DeepSpeed's record,
 packages/deepspeed/tests/test_comm_groups.py). The data-parallel group is torch's world group, on which
 ``get_global_rank`` works (DeepSpeed clones the world only because old torch refused that).
-MoE's ``initialize`` and the sequence-parallel group fail naming the feature.
+MoE's ``initialize`` fails naming the feature. The sequence getters answer from the job's topology when it has
+a sequence axis (Ulysses), else as a data-parallel-only job.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import atexit
 from typing import Any
 
 import torch.distributed as dist
+from ds_engine import topology
 from ds_engine._missing import missing_function
 
 __all__ = [
@@ -95,12 +97,7 @@ get_tensor_model_parallel_rank = get_model_parallel_rank
 _get_data_parallel_group = get_data_parallel_group
 _get_data_parallel_world_size = get_data_parallel_world_size
 _get_data_parallel_rank = get_data_parallel_rank
-_get_sequence_data_parallel_group = get_data_parallel_group
-_get_sequence_data_parallel_world_size = get_data_parallel_world_size
-_get_sequence_data_parallel_rank = get_data_parallel_rank
 _get_model_parallel_world_size = get_model_parallel_world_size
-_get_sequence_parallel_world_size = get_model_parallel_world_size
-_get_sequence_parallel_rank = get_model_parallel_rank
 _get_expert_model_parallel_world_size = get_model_parallel_world_size
 
 
@@ -109,12 +106,46 @@ def _get_broadcast_src_rank() -> int:
     return 0
 
 
-_get_sequence_parallel_group = missing_function(
-    __name__,
-    "_get_sequence_parallel_group",
-    "sequence parallelism (DeepSpeed-Ulysses / ALST)",
-    "ds is data parallel only: leave sequence parallelism off (sp_size 1).",
-)
+def _sequence_topology() -> Any:
+    """The job's topology when it has a sequence axis (Ulysses: sequence_parallel_size or parallel_state_sp)."""
+    built = topology._CURRENT  # read, never build: building is collective and the engine's to do
+    return built if built is not None and built.size("sequence") > 1 else None
+
+
+def _get_sequence_parallel_group() -> Any:
+    """The sequence-parallel group; without sequence parallelism DeepSpeed's KeyError."""
+    topo = _sequence_topology()
+    if topo is None:
+        raise KeyError("No sequence parallel group found")
+    return topo.group("sequence")
+
+
+def _get_sequence_parallel_world_size() -> int:
+    topo = _sequence_topology()
+    return topo.size("sequence") if topo is not None else 1
+
+
+def _get_sequence_parallel_rank() -> int:
+    topo = _sequence_topology()
+    return topo.coord("sequence") if topo is not None else 0
+
+
+def _get_sequence_data_parallel_group() -> Any:
+    """ZeRO's group under Ulysses: data x sequence (the data-parallel group without it)."""
+    topo = _sequence_topology()
+    return topo.group("data_sequence") if topo is not None else get_data_parallel_group()
+
+
+def _get_sequence_data_parallel_world_size() -> int:
+    topo = _sequence_topology()
+    return topo.size("data_sequence") if topo is not None else get_data_parallel_world_size()
+
+
+def _get_sequence_data_parallel_rank() -> int:
+    topo = _sequence_topology()
+    return topo.coord("data_sequence") if topo is not None else get_data_parallel_rank()
+
+
 # DeepSpeed 0.19.8's groups.initialize is MoE's deprecated set-up (it raises, pointing to MoE(ep_size=...)):
 # DeepSpeed-CIFAR's --moe path calls it. ds has no MoE, so it names that instead.
 initialize = missing_function(
