@@ -91,6 +91,7 @@ class DynamicLossScaler:
     """
 
     dynamic = True
+    scale_factor = SCALE_FACTOR  # DeepSpeed's attribute: the factor of each halving and doubling
 
     def __init__(
         self,

@@ -92,6 +92,22 @@ class LossScaledStep:
             self.scaler.load_state_dict(extra["loss_scaler"])
 
     @property
+    def loss_scaler(self) -> LossScalerProtocol | None:
+        """The loss scaler itself (None without fp16), under DeepSpeed's name for it."""
+        return self.scaler
+
+    @property
+    def cur_scale(self) -> float:
+        """The current loss scale, as DeepSpeed's ZeRO optimizers name it (1.0 without a scaler)."""
+        return self.loss_scale
+
+    @cur_scale.setter
+    def cur_scale(self, value: float) -> None:
+        if self.scaler is None:
+            raise AttributeError("cur_scale can be set only with fp16 enabled (there is no loss scaler)")
+        self.scaler.cur_scale = float(value)
+
+    @property
     def dynamic_loss_scale(self) -> bool:
         """True when the loss scale moves (fp16 with ``loss_scale: 0``), as DeepSpeed's attribute says."""
         return bool(getattr(self.scaler, "dynamic", False))
@@ -112,7 +128,7 @@ class LossScaledStep:
             cur_iter=int(getattr(scaler, "cur_iter", 0)),
             cur_scale=self.loss_scale,
             last_overflow_iter=getattr(scaler, "last_overflow_iter", None),
-            scale_factor=2.0,  # the scale halves on overflow and doubles when stable
+            scale_factor=getattr(scaler, "scale_factor", 2.0),  # halves on overflow, doubles when stable
             scale_window=getattr(scaler, "scale_window", None),
             min_loss_scale=getattr(scaler, "min_scale", None),
         )
