@@ -29,10 +29,11 @@ as state; checkpoints stay ds's portable format.
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Iterator, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,6 +47,16 @@ __all__ = ["ParamSwap"]
 logger = logging.getLogger("ds_zero")
 
 
+class _State(enum.Enum):
+    """Where a piece kept in a file is, as far as its buffer goes (a piece in CPU memory stays ``FILE``)."""
+
+    FILE = "in its file only, no buffer"
+    READ_AHEAD = "a read issued ahead of use into its buffer, not used yet"
+    IN_USE = "handed out by piece(), until done()"
+    DIRTY = "partly updated by the step in its buffer; its write not issued yet"
+    WRITING = "its write in flight from its buffer (the newest values), not waited for yet"
+
+
 @dataclass(eq=False)
 class _Piece:
     key: Hashable
@@ -55,6 +66,12 @@ class _Piece:
     hi: int
     offset: int = -1  # bytes into the group's file; -1 while the piece is kept in CPU memory
     cpu: torch.Tensor | None = None
+    # its swap state: one of _State, with what that state holds (the buffer; the I/O in flight; the ranges
+    # of the buffer holding new values while DIRTY)
+    state: _State = _State.FILE
+    buf: torch.Tensor | None = None
+    handle: IOHandle | None = None
+    covered: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def numel(self) -> int:
@@ -88,11 +105,8 @@ class ParamSwap:
         self.file_numel = 0  # elements in the files
         self._spilled = False  # a piece went to a file: every later one does too (model order)
         self._free: list[torch.Tensor] = []
-        self._held: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # read, not used yet
-        self._using: dict[Hashable, torch.Tensor] = {}
-        self._writing: OrderedDict[Hashable, tuple[torch.Tensor, IOHandle]] = OrderedDict()  # not waited yet
-        # partly updated, write not issued yet: the buffer and the ranges of it that hold new values
-        self._dirty: OrderedDict[Hashable, tuple[torch.Tensor, list[tuple[int, int]]]] = OrderedDict()
+        # the pieces holding a buffer (state other than FILE), in the order they entered their state
+        self._active: OrderedDict[Hashable, _Piece] = OrderedDict()
         # observed by the tests
         self.buffers_allocated = 0  # never above buffer_count
         self.peak_buffers_in_use = 0
@@ -143,6 +157,32 @@ class ParamSwap:
             return torch.empty(0, dtype=self.dtypes[p.group] if p else torch.float32)
         return p.cpu
 
+    # ------------------------------------------------------------------ swap states
+    def _enter(
+        self,
+        p: _Piece,
+        state: _State,
+        buf: torch.Tensor,
+        handle: IOHandle | None = None,
+        covered: list[tuple[int, int]] | None = None,
+    ) -> None:
+        """``p`` (holding no buffer) takes ``buf`` into ``state``; it is the newest piece in that state."""
+        assert p.state is _State.FILE and state is not _State.FILE, (p.name, p.state, state)
+        p.state, p.buf, p.handle, p.covered = state, buf, handle, covered or []
+        self._active[p.key] = p
+
+    def _leave(self, p: _Piece) -> tuple[torch.Tensor, IOHandle | None]:
+        """``p`` back to ``FILE``: its buffer and the I/O it had in flight are the caller's."""
+        assert p.state is not _State.FILE and p.buf is not None, (p.name, p.state)
+        held = p.buf, p.handle
+        p.state, p.buf, p.handle, p.covered = _State.FILE, None, None, []
+        del self._active[p.key]
+        return held
+
+    def _in(self, state: _State) -> Iterator[_Piece]:
+        """The pieces in ``state``, the oldest in it first."""
+        return (p for p in self._active.values() if p.state is state)
+
     # ------------------------------------------------------------------ buffers
     def _take(self) -> torch.Tensor:
         if self._free:
@@ -153,15 +193,13 @@ class ParamSwap:
             buf = aligned_empty(self.buffer_size * size)
             if self.pin_memory:
                 buf = pinned(buf, "offload_param.pin_memory")
-        elif self._writing:  # a write in flight: one that is done, else the oldest
-            key = next((k for k, (_, h) in self._writing.items() if h.done()), next(iter(self._writing)))
-            buf = self._finish_write(key)
-        elif self._dirty:  # every buffer holds a partly updated piece: complete the oldest from its file
-            key = next(iter(self._dirty))
-            self._settle(key)
-            buf = self._finish_write(key)
-        elif self._held:  # the read issued last is needed last: give it up
-            _, (buf, handle) = self._held.popitem(last=True)
+        elif writing := list(self._in(_State.WRITING)):  # a write in flight: one that is done, else the oldest
+            buf = self._finish_write(next((p for p in writing if p.handle.done()), writing[0]))
+        elif dirty := next(self._in(_State.DIRTY), None):  # every buffer partly updated: complete the oldest
+            self._settle(dirty)
+            buf = self._finish_write(dirty)
+        elif ahead := list(self._in(_State.READ_AHEAD)):  # the read issued last is needed last: give it up
+            buf, handle = self._leave(ahead[-1])
             handle.wait()
             self.steals += 1
         else:
@@ -190,9 +228,10 @@ class ParamSwap:
             self.folder.file(self._name(p.group)), p.offset, buf[: aligned_up(p.numel * size)]
         )
 
-    def _finish_write(self, key: Hashable) -> torch.Tensor:
+    def _finish_write(self, p: _Piece) -> torch.Tensor:
         """Wait for the piece's write in flight; its buffer (holding the piece's newest values) is the caller's."""
-        buf, handle = self._writing.pop(key)
+        assert p.state is _State.WRITING, (p.name, p.state)
+        buf, handle = self._leave(p)
         try:
             handle.wait()
         except BaseException:
@@ -200,11 +239,12 @@ class ParamSwap:
             raise
         return buf
 
-    def _settle(self, key: Hashable) -> None:
+    def _settle(self, p: _Piece) -> None:
         """Issue the write of a dirty piece now: the ranges the step has not written yet are read from its
         file straight into the piece's own buffer (no other memory: the buffers stay within buffer_count)."""
-        buf, covered = self._dirty.pop(key)
-        p = self._pieces[key]
+        assert p.state is _State.DIRTY, (p.name, p.state)
+        covered = p.covered
+        buf, _ = self._leave(p)
         size = torch.empty(0, dtype=self.dtypes[p.group]).element_size()
         path = self.folder.file(self._name(p.group))
         self.reads += 1
@@ -225,25 +265,25 @@ class ParamSwap:
         if error is not None:
             self._free.append(buf)
             raise error
-        self._writing[key] = (buf, self._write(p, buf))
+        self._enter(p, _State.WRITING, buf, self._write(p, buf))
         self.settled += 1
 
     def writes_pending(self) -> int:
         """Writes issued and not waited for yet (their buffers still held)."""
-        return len(self._writing)
+        return sum(1 for _ in self._in(_State.WRITING))
 
     def flush(self) -> None:
         """Write the dirty pieces, wait for every write in flight and free its buffer (the end of a step);
         raises the first error."""
         error = None
-        while self._dirty:
+        while dirty := next(self._in(_State.DIRTY), None):
             try:
-                self._settle(next(iter(self._dirty)))
+                self._settle(dirty)
             except BaseException as e:  # the other pieces are still written
                 error = error or e
-        while self._writing:
+        while writing := next(self._in(_State.WRITING), None):
             try:
-                self._free.append(self._finish_write(next(iter(self._writing))))
+                self._free.append(self._finish_write(writing))
             except BaseException as e:  # the other writes are still waited for
                 error = error or e
         if error is not None:
@@ -255,48 +295,51 @@ class ParamSwap:
         p = self._pieces[key]
         if p.cpu is not None:
             return p.cpu
-        if key in self._dirty:
-            self._settle(key)
-        if key in self._writing:  # its buffer holds the newest values: no read
-            buf = self._finish_write(key)
-            self._using[key] = buf
-            return self._view(buf, p)
-        held = self._held.pop(key, None)
-        if held is not None:
-            buf, handle = held
+        assert p.state is not _State.IN_USE, f"offload_param: piece {p.name} taken twice without done()"
+        if p.state is _State.DIRTY:
+            self._settle(p)
+        if p.state is _State.WRITING:  # its buffer holds the newest values: no read
+            self._enter(p, _State.IN_USE, self._finish_write(p))
+            return self._view(p.buf, p)
+        if p.state is _State.READ_AHEAD:
+            buf, handle = self._leave(p)
         else:
             buf = self._take()
             handle = self._read(p, buf)
         handle.wait()
-        self._using[key] = buf
+        self._enter(p, _State.IN_USE, buf)
         return self._view(buf, p)
 
     def done(self, key: Hashable) -> None:
-        buf = self._using.pop(key, None)
-        if buf is not None:
-            self._free.append(buf)
+        p = self._pieces[key]
+        if p.state is _State.IN_USE:
+            self._free.append(self._leave(p)[0])
 
     def read_ahead(self, key: Hashable) -> bool:
         """Start reading a piece the schedule says is needed soon; False when no buffer is free for it."""
         p = self._pieces.get(key)
-        if p is None or p.cpu is not None or key in self._held or key in self._writing or key in self._dirty:
+        if p is None or p.cpu is not None or p.state is not _State.FILE:  # in memory already, or soon
             return True
         if not self._free and self.buffers_allocated >= self.buffer_count:
             return False
         buf = self._take()
-        self._held[key] = (buf, self._read(p, buf))
+        self._enter(p, _State.READ_AHEAD, buf, self._read(p, buf))
         self.reads_ahead += 1
         return True
 
     def ahead(self) -> int:
         """Reads issued ahead of use and not consumed yet."""
-        return len(self._held)
+        return sum(1 for _ in self._in(_State.READ_AHEAD))
 
     def drop_ahead(self, key: Hashable | None = None) -> None:
         """Give up the reads issued ahead (of ``key`` only, when given)."""
-        keys = list(self._held) if key is None else [key] if key in self._held else []
-        for k in keys:
-            buf, handle = self._held.pop(k)
+        if key is None:
+            pieces = list(self._in(_State.READ_AHEAD))
+        else:
+            p = self._pieces.get(key)
+            pieces = [p] if p is not None and p.state is _State.READ_AHEAD else []
+        for p in pieces:
+            buf, handle = self._leave(p)
             handle.wait()
             self._free.append(buf)
 
@@ -324,32 +367,34 @@ class ParamSwap:
                 p.cpu[a - p.lo : b - p.lo].copy_(src)
                 continue
             self.drop_ahead(p.key)  # a read issued ahead holds the old values
+            assert p.state is not _State.IN_USE, f"offload_param: piece {p.name} written while taken"
             if (a, b) != (p.lo, p.hi) and not wait:  # part of the piece: written once the step has covered it
-                if p.key in self._dirty:
-                    buf, covered = self._dirty.pop(p.key)
-                elif p.key in self._writing:  # its buffer holds all the newest values
+                if p.state is _State.DIRTY:
+                    covered = p.covered
+                    buf, _ = self._leave(p)
+                elif p.state is _State.WRITING:  # its buffer holds all the newest values
                     self.writes_chained += 1
-                    buf, covered = self._finish_write(p.key), [(p.lo, p.hi)]
+                    buf, covered = self._finish_write(p), [(p.lo, p.hi)]
                 else:
                     buf, covered = self._take(), []
                 self._view(buf, p)[a - p.lo : b - p.lo].copy_(src)
                 covered = mark_written(covered, a, b)
                 if covered != [(p.lo, p.hi)]:
-                    self._dirty[p.key] = (buf, covered)
+                    self._enter(p, _State.DIRTY, buf, covered=covered)
                     continue
-                self._writing[p.key] = (buf, self._write(p, buf))
+                self._enter(p, _State.WRITING, buf, self._write(p, buf))
                 self.writes_behind += 1
                 continue
-            if p.key in self._dirty:
-                self._settle(p.key)
-            self.writes_chained += p.key in self._writing
+            if p.state is _State.DIRTY:
+                self._settle(p)
+            self.writes_chained += p.state is _State.WRITING
             if (a, b) == (p.lo, p.hi):
                 # a write of the piece in flight is done before this one is issued (the file sees them in order)
-                buf = self._finish_write(p.key) if p.key in self._writing else self._take()
+                buf = self._finish_write(p) if p.state is _State.WRITING else self._take()
                 self._view(buf, p).copy_(src)
             else:  # part of the piece: read (or the buffer of its write in flight, once done), modify, write
                 self.piece(p.key)
-                buf = self._using.pop(p.key)
+                buf, _ = self._leave(p)
                 self._view(buf, p)[a - p.lo : b - p.lo].copy_(src)
             handle = self._write(p, buf)
             if wait:
@@ -358,7 +403,7 @@ class ParamSwap:
                 finally:
                     self._free.append(buf)
             else:
-                self._writing[p.key] = (buf, handle)
+                self._enter(p, _State.WRITING, buf, handle)
                 self.writes_behind += 1
 
     def write_piece(self, key: Hashable, values: torch.Tensor) -> None:
