@@ -64,6 +64,7 @@ class UlyssesLM(torch.nn.Module):
 
 
 def main():
+    global SEQ
     parser = argparse.ArgumentParser()
     parser.add_argument("--local_rank", type=int, default=-1)
     parser.add_argument("--out", required=True)
@@ -72,8 +73,7 @@ def main():
     parser.add_argument("--seq", type=int, default=SEQ, help="sequence length (the benchmark's)")
     parser = deepspeed.add_config_arguments(parser)
     args = parser.parse_args()
-    global SEQ
-    SEQ = args.seq
+    SEQ = args.seq  # the module's: the model's position table and the data below read it
 
     deepspeed.init_distributed(dist_backend="gloo")
     with open(args.deepspeed_config) as f:
