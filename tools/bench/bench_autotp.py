@@ -1,7 +1,7 @@
 """AutoTP training, ds against DeepSpeed 0.19.8 side by side in one run: bytes per rank and step time.
 
-    python tools/bench/bench_autotp.py --ds-python /work/venvs/tp/bin/python \\
-        --deepspeed-python /work/refenv/bin/python --rounds 3 --json docs/benchmarks/tensor-parallel-autotp.json
+    python tools/bench/bench_autotp.py --ds-python <a python with the packages installed> \\
+        --deepspeed-python $DS_DEEPSPEED_PYTHON --rounds 3 --json docs/benchmarks/tensor-parallel-autotp.json
 
 Runs integration/frameworks/autotp_script.py (a Llama from its config, hidden --width, fp32, ZeRO 0 so that
 the torch optimizer's state is per parameter) at tp 1 (1 rank) and tp 2 (2 ranks) under each implementation,
