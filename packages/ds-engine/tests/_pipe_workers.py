@@ -163,20 +163,26 @@ def checkpoint_interval_calls(rank: int, world: int, config: dict) -> int:
 
 
 def refusals(rank: int, world: int) -> dict:
-    """What initialize() says to a pipeline with ZeRO 2 and 3 (DeepSpeed: an AssertionError)."""
+    """What initialize() says to a pipeline with ZeRO 2 and 3 (DeepSpeed: an AssertionError) and to tied
+    weights across stages with bf16's fp32 gradient accumulation."""
     import ds_engine
     from ds_engine.topology import reset_topology
     from ds_pipe import PipelineModule
 
     out = {}
-    for stage in (2, 3):
+    base = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
+    cases = {
+        2: {"zero_optimization": {"stage": 2}},
+        3: {"zero_optimization": {"stage": 3}},
+        "bf16_fp32_accum": {"bf16": {"enabled": True, "grad_accum_dtype": "fp32"}},
+    }
+    for name, extra in cases.items():
         reset_topology()
         model = PipelineModule(specs(), num_stages=2, loss_fn=loss_fn)
-        config = {"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "Adam", "params": {"lr": 0.01}}}
         try:
-            ds_engine.initialize(model=model, config={**config, "zero_optimization": {"stage": stage}})
-        except AssertionError as exc:
-            out[stage] = str(exc)
+            ds_engine.initialize(model=model, config={**base, **extra})
+        except Exception as exc:  # noqa: BLE001 - the test reads it
+            out[name] = (type(exc).__mro__[1].__name__, str(exc))
     return out
 
 

@@ -104,7 +104,7 @@ def initialize(
         config_strict,
     )
     if grid is not None:
-        check_pipeline_config(cfg)
+        check_pipeline_config(cfg, model)
     sp = sequence_parallel_size(cfg, sequence_mpu, topology.world_size)
     if sp > 1:  # Ulysses: the topology's sequence axis; the batch math's data-parallel size is world / sp
         if grid is not None or parallel is not None:

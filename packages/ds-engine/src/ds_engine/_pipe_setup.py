@@ -9,6 +9,7 @@ import torch.distributed as dist
 from ds_config import DSConfig
 
 from ds_engine._args import InitializeError
+from ds_engine._missing import FeatureNotAvailableError
 from ds_engine.topology import build_topology
 
 __all__ = ["PipelineZeroError", "check_pipeline_config", "pipeline_grid"]
@@ -65,7 +66,15 @@ def _tied_groups(module: ds_pipe.PipelineModule, grid: ds_pipe.PipelineGrid) -> 
     return comms
 
 
-def check_pipeline_config(cfg: DSConfig) -> None:
-    """What a pipeline refuses, as DeepSpeed does."""
+def check_pipeline_config(cfg: DSConfig, module: ds_pipe.PipelineModule | None = None) -> None:
+    """What a pipeline refuses: ZeRO 2 and 3 as DeepSpeed does; tied weights across stages with bf16's fp32
+    gradient accumulation (its buffers take the gradients out of ``.grad`` before the tied sum could)."""
     if cfg.zero_optimization.stage >= 2:
         raise PipelineZeroError("ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")
+    if module is not None and module.tied_comms and cfg.bf16.enabled and cfg.bf16.grad_accum_dtype == "fp32":
+        raise FeatureNotAvailableError(
+            "tied weights across pipeline stages (TiedLayerSpec keys "
+            f"{sorted(module.tied_comms)}) with bf16.grad_accum_dtype 'fp32' are not available in ds: the fp32 "
+            "accumulation buffers take the gradients before the stages' tied sum; use grad_accum_dtype 'bf16' "
+            "(the default)"
+        )

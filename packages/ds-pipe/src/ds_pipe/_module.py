@@ -345,6 +345,8 @@ class PipelineModule(nn.Module):
         """Sum each tied weight's gradient over the stages that hold it."""
         for comm in self.tied_comms.values():
             for w in self.tied_weights_of(comm):
+                if w.grad is None and w.requires_grad:  # this stage's copy got none: it adds zeros, and
+                    w.grad = torch.zeros_like(w)  # every holder takes part in the same collectives
                 if w.grad is not None:
                     dist.all_reduce(w.grad, group=comm["group"])
 
