@@ -37,7 +37,7 @@ DEEPSPEED_REFUSED: dict[str, str] = {
     "disable_python_gc": "DeepSpeed's gc control is not in ds; call gc.disable() in the script",
     "graph_harvesting": "CUDA-graph harvesting is not in ds",
     "log_level": "ds logs through the 'ds' logger; set its level with logging.getLogger('ds').setLevel",
-    "seq_parallel_communication_data_type": "sequence parallelism (Ulysses) is not in ds",
+    "seq_parallel_communication_data_type": "ds's Ulysses all-to-all runs in the tensors' own dtype (no cast for the exchange)",
     "vocabulary_size": "read only by DeepSpeed's removed MoQ/eigenvalue code; not in ds",
     "quantize_training": "Mixture-of-Quantization is not in ds (DeepSpeed 0.19.8 has removed it too)",
     "compression_training": "DeepSpeed's compression library is not in ds (DeepSpeed 0.19.8 has removed it too)",
