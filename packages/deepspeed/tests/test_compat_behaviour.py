@@ -9,6 +9,7 @@ multi-host runners' constructors and commands, and the ``gradient_clipping`` get
 from __future__ import annotations
 
 import json
+import re
 import sys
 from copy import deepcopy
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from deepspeed.runtime.config import DeepSpeedConfig
 from deepspeed.runtime.config_utils import DeepSpeedConfigModel
 from deepspeed.runtime.precision_config import DeepSpeedFP16Config
+from ds_config import ConfigError
 from pydantic import Field, ValidationError
 
 RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_compat.json").read_text())
@@ -39,8 +41,15 @@ def test_deepspeed_config_reads_as_deepspeed_0_19_8(name):
     want = RECORD["configs"][name]
     config = {"train_batch_size": 1, **deepcopy(recorder.CONFIGS[name])}
     if "error" in want:
-        with pytest.raises(ValueError) as info:  # ds's ConfigError is a ValueError, as DeepSpeed's here
+        recorded = {"ValueError": ValueError, "AssertionError": AssertionError}[want["error"]["mro"][0]]
+        with pytest.raises(recorded) as info:  # DeepSpeed's class; ds's ConfigError (a ValueError) as well
             DeepSpeedConfig(config)
+        assert isinstance(info.value, ConfigError)
+        if recorded is AssertionError:  # a deprecated key and its replacement together: both are named
+            old, new = re.search(
+                r"parameter '(\w+)' and replacing parameter '(\w+)'", want["error"]["message"]
+            ).groups()
+            assert old in str(info.value) and new in str(info.value)
         if (
             want["error"]["mro"][0] == "ValueError"
             and "gradient_allreduce_op='sum'" in want["error"]["message"]

@@ -5,9 +5,10 @@ package's fixtures: packages/deepspeed/tests/test_config_objects.py compares the
 from __future__ import annotations
 
 import math
+import pickle
 
 import pytest
-from ds_config import ConfigError, load_config
+from ds_config import ConfigError, DeprecatedKeyConflictError, load_config
 
 
 def _load(**config):
@@ -43,6 +44,34 @@ def test_deprecated_cpu_offload_param_offloads_the_parameters():
     assert cfg.zero_optimization.offload_param.device == "cpu"
     with pytest.raises(ConfigError, match="cpu_offload_param.*together"):
         _load(zero_optimization={"stage": 3, "cpu_offload_param": True, "offload_param": {"device": "cpu"}})
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        (
+            {"stage3_gather_fp16_weights_on_model_save": True},
+            {"stage3_gather_16bit_weights_on_model_save": True},
+        ),
+        ({"cpu_offload": True}, {"offload_optimizer": {"device": "cpu"}}),
+        ({"cpu_offload_param": True}, {"offload_param": {"device": "cpu"}}),
+    ],
+)
+def test_a_deprecated_key_with_its_replacement_is_an_assertion_error_as_in_deepspeed(old, new):
+    # DeepSpeed 0.19.8 raises AssertionError here; ds's error is that and a ConfigError (a ValueError)
+    with pytest.raises(AssertionError) as info:
+        _load(zero_optimization={"stage": 3, **old, **new})
+    error = info.value
+    assert isinstance(error, DeprecatedKeyConflictError) and isinstance(error, ConfigError)
+    assert [next(iter(old)) in str(error), error.problems[0].deprecated_with_replacement] == [True, True]
+    again = pickle.loads(pickle.dumps(error))  # a rank can send it to another, the class kept
+    assert type(again) is DeprecatedKeyConflictError and again.problems == error.problems
+
+
+def test_other_config_errors_are_not_assertion_errors():
+    with pytest.raises(ConfigError) as info:
+        _load(zero_optimization={"stage": 3, "cpu_offload_param": True, "offload_param": {"device": "gpu"}})
+    assert not isinstance(info.value, AssertionError)
 
 
 def test_old_bfloat16_section_name():

@@ -23,7 +23,7 @@ from ._compat import (
 )
 from ._deepspeed_keys import DEEPSPEED_DEFAULTS, DEEPSPEED_REFUSED, deepspeed_refusal
 from ._env import EnvironmentVariableError, env_choice, env_flag, env_number
-from ._errors import ConfigError, ConfigProblem, ConfigWarning
+from ._errors import ConfigError, ConfigProblem, ConfigWarning, DeprecatedKeyConflictError
 from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
 from ._models import (
@@ -92,6 +92,7 @@ __all__ = [
     "BigBirdSparseAttentionConfig",
     "CheckpointConfig",
     "ConfigError",
+    "DeprecatedKeyConflictError",
     "ConfigProblem",
     "ConfigWarning",
     "DSConfig",

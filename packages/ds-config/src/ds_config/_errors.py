@@ -31,6 +31,8 @@ class ConfigProblem:
     """The offending value, when there is one."""
     strict_only: bool = False
     """True for an unknown or unsupported key: non-strict loading would warn and ignore it instead."""
+    deprecated_with_replacement: bool = False
+    """True when a deprecated key and its replacement are given together (see :class:`DeprecatedKeyConflictError`)."""
 
     def __str__(self) -> str:
         if self.value is _NO_VALUE:
@@ -93,6 +95,25 @@ class ConfigError(ValueError):
     def paths(self) -> list[str]:
         """The dotted key paths of all problems, in report order."""
         return [problem.path for problem in self.problems]
+
+
+class DeprecatedKeyConflictError(ConfigError, AssertionError):
+    """A :class:`ConfigError` whose problems include a deprecated key given together with its replacement.
+
+    It is also an ``AssertionError``: DeepSpeed 0.19.8's config model raises ``AssertionError`` there
+    ("Cannot provide deprecated parameter ... and replacing parameter ... together"), and code written
+    against it catches that; code that catches ``ConfigError`` or ``ValueError`` catches it too.
+    """
+
+
+DEPRECATED_WITH_REPLACEMENT = "deprecated_with_replacement"
+"""The pydantic error type a validator raises (``PydanticCustomError``) for a deprecated key and its replacement."""
+
+
+def config_error(problems: list[ConfigProblem], source: str | None = None) -> ConfigError:
+    """The error for ``problems``: :class:`DeprecatedKeyConflictError` when one of them is such a conflict."""
+    conflict = any(p.deprecated_with_replacement for p in problems)
+    return (DeprecatedKeyConflictError if conflict else ConfigError)(problems, source)
 
 
 class ConfigWarning(UserWarning):

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from ._batch import BatchSizes, derive_batch_sizes
 from ._elasticity import ElasticityError, elastic_batch
-from ._errors import ConfigError, ConfigProblem
+from ._errors import DEPRECATED_WITH_REPLACEMENT, ConfigError, ConfigProblem, config_error
 from ._fields import warn_no_effect
 from ._models import SPARSE_ATTENTION_MODES, DSConfig
 from ._prepare import prepare
@@ -67,7 +67,7 @@ def load_config(
         if not any(p.path in _BATCH_KEYS for p in problems):
             raw = (data.get(key) for key in _BATCH_ORDER)  # valid JSON integers, possibly written as 32.0
             _derive(*(int(v) if isinstance(v, float) else v for v in raw), world, world_size_source, problems)
-        raise ConfigError(problems, origin) from None
+        raise config_error(problems, origin) from None
     problems += check_rules(cfg)
     batch = None
     if cfg.elasticity.enabled:
@@ -75,7 +75,7 @@ def load_config(
     elif not any(p.path in _BATCH_KEYS for p in problems):
         batch = _derive(*(getattr(cfg, key) for key in _BATCH_ORDER), world, world_size_source, problems)
     if problems or batch is None:
-        raise ConfigError(problems, origin)
+        raise config_error(problems, origin)
     warn_no_effect(cfg)
     return _with_batch(cfg, batch)
 
@@ -174,8 +174,11 @@ def _message(error: dict[str, Any]) -> str:
 def _translate(exc: ValidationError) -> list[ConfigProblem]:
     """One problem per key path; a union's per-member complaints are merged with "or"."""
     merged: dict[str, tuple[Any, list[str]]] = {}
+    conflicts = set()
     for error in exc.errors():
         path = _path(error["loc"])
+        if error["type"] == DEPRECATED_WITH_REPLACEMENT:
+            conflicts.add(path)
         value = error.get("input")
         message = _message(error)
         if path not in merged:
@@ -185,8 +188,10 @@ def _translate(exc: ValidationError) -> list[ConfigProblem]:
     problems = []
     for path, (value, messages) in merged.items():
         text = " or ".join(messages)
+        conflict = path in conflicts
         if isinstance(value, dict) or messages == ["required key is missing"]:
-            problems.append(ConfigProblem(path, text))  # the whole section as a value says nothing useful
+            # the whole section as a value says nothing useful
+            problems.append(ConfigProblem(path, text, deprecated_with_replacement=conflict))
         else:
-            problems.append(ConfigProblem(path, text, value))
+            problems.append(ConfigProblem(path, text, value, deprecated_with_replacement=conflict))
     return problems

@@ -22,6 +22,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from ._batch import BatchSizes
 from ._compat import (
@@ -43,7 +44,7 @@ from ._compat import (
 )
 from ._data_types import DataTypesConfig
 from ._elasticity import ElasticityConfig
-from ._errors import ConfigWarning
+from ._errors import DEPRECATED_WITH_REPLACEMENT, ConfigWarning
 from ._pipeline import PipelineConfig
 from ._tensor_parallel import TensorParallelConfig
 from ._types import JsonBool, JsonFloat, JsonInt
@@ -554,8 +555,9 @@ class ZeroConfig(_Section):
     def _old_gather_fp16_name(self) -> ZeroConfig:
         old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
         if old in self.model_fields_set and new in self.model_fields_set:
-            raise ValueError(
-                f"cannot provide deprecated 'zero_optimization.{old}' and its replacement '{new}' together"
+            raise PydanticCustomError(
+                DEPRECATED_WITH_REPLACEMENT,
+                f"cannot provide deprecated 'zero_optimization.{old}' and its replacement '{new}' together",
             )
         if self.stage3_gather_fp16_weights_on_model_save:
             self.stage3_gather_16bit_weights_on_model_save = True
@@ -564,9 +566,10 @@ class ZeroConfig(_Section):
     @model_validator(mode="after")
     def _cpu_offload_to_offload_optimizer(self) -> ZeroConfig:
         if "cpu_offload" in self.model_fields_set and self.offload_optimizer is not None:
-            raise ValueError(
+            raise PydanticCustomError(
+                DEPRECATED_WITH_REPLACEMENT,
                 "cannot provide deprecated parameter 'zero_optimization.cpu_offload' and its replacement "
-                "'zero_optimization.offload_optimizer' together; keep only offload_optimizer"
+                "'zero_optimization.offload_optimizer' together; keep only offload_optimizer",
             )
         if self.cpu_offload:
             self.offload_optimizer = OffloadOptimizerConfig(device="cpu")
@@ -575,9 +578,10 @@ class ZeroConfig(_Section):
     @model_validator(mode="after")
     def _cpu_offload_param_to_offload_param(self) -> ZeroConfig:
         if "cpu_offload_param" in self.model_fields_set and "offload_param" in self.model_fields_set:
-            raise ValueError(
+            raise PydanticCustomError(
+                DEPRECATED_WITH_REPLACEMENT,
                 "cannot provide deprecated parameter 'zero_optimization.cpu_offload_param' and its replacement "
-                "'zero_optimization.offload_param' together; keep only offload_param"
+                "'zero_optimization.offload_param' together; keep only offload_param",
             )
         if self.cpu_offload_param:
             self.offload_param = OffloadParamConfig(device="cpu")
@@ -890,7 +894,11 @@ class DSConfig(_Section):
         False, description="Allow ZeRO with an optimizer other than Adam/AdamW (untested combinations)."
     )
     steps_per_print: JsonInt = Field(10, ge=1, description="Log progress every this many optimizer steps.")
-    sequence_parallel_size: JsonInt = Field(1, ge=1, description="DeepSpeed-Ulysses sequence-parallel degree: each sequence is split over this many consecutive ranks; the data-parallel size (and the batch math) is the world size divided by it, and ZeRO reduces and partitions over data x sequence.")  # noqa: E501
+    sequence_parallel_size: JsonInt = Field(
+        1,
+        ge=1,
+        description="DeepSpeed-Ulysses sequence-parallel degree: each sequence is split over this many consecutive ranks; the data-parallel size (and the batch math) is the world size divided by it, and ZeRO reduces and partitions over data x sequence.",
+    )  # noqa: E501
 
     @field_validator("steps_per_print", mode="before")
     @classmethod
