@@ -7,7 +7,8 @@ stage-3 steps, a checkpoint and its fp32 export). ``--parallel`` launches run at
 processes spin beside them, so that ranks are descheduled at any point of their exit, as on a shared
 machine. A launch counts as an abort when it exits non-zero or any rank printed ``terminate called`` (the
 C++ runtime's message when a thread is unwound out of torch during interpreter teardown). The record
-(command, commit, versions, load average before and after, every failing launch's tail) goes to --json.
+(command, commit, versions, load average before and after, every failing launch's tail) goes to --json;
+each launch is also appended to --json's .progress.jsonl as it ends, so a run cut short keeps its results.
 """
 
 from __future__ import annotations
@@ -73,8 +74,20 @@ def main() -> None:
         s.start()
     start = time.monotonic()
     try:
+        progress = args.json.with_suffix(".progress.jsonl") if args.json else None
+        if progress is not None:
+            progress.parent.mkdir(parents=True, exist_ok=True)
+            progress.write_text("")
+
+        def launch(i: int, tmp: Path) -> dict:
+            result = _launch(i, tmp, env)
+            if progress is not None:  # each launch as it ends: a run cut short keeps what it saw
+                with progress.open("a") as f:
+                    f.write(json.dumps(result) + "\n")
+            return result
+
         with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(args.parallel) as pool:
-            results = list(pool.map(lambda i: _launch(i, Path(tmp), env), range(args.launches)))
+            results = list(pool.map(lambda i: launch(i, Path(tmp)), range(args.launches)))
     finally:
         stop.set()
         for s in spinners:
