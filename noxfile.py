@@ -32,15 +32,16 @@ PACKAGES: dict[str, tuple[list[str], list[str]]] = {
     "ds-launch": (["ds-config"], ["mpi"]),
     "ds-pipe": (["ds-config"], []),
     "ds-tpsp": (["ds-config"], ["hf"]),
+    "ds-moe": (["ds-config"], []),
     "ds-engine": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
-         "ds-tpsp", "ds-pipe"],
+         "ds-tpsp", "ds-pipe", "ds-moe"],
         ["tensorboard"],
     ),
     # DeepSpeed's module paths (import deepspeed) over ds-engine: for Trainer, Accelerate, Lightning
     "deepspeed": (
         ["ds-config", "ds-precision", "ds-zero", "ds-optim", "ds-checkpoint", "ds-sparse-attn", "ds-launch",
-         "ds-tpsp", "ds-pipe", "ds-engine"],
+         "ds-tpsp", "ds-pipe", "ds-moe", "ds-engine"],
         [],
     ),
 }

@@ -213,7 +213,9 @@ def main() -> None:
     p.add_argument("--only", choices=["train", "bandwidth", "faults"], action="append")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--stages", type=int, nargs="+", default=[2, 3], choices=[0, 1, 2, 3], help="ZeRO stages to train")
+    p.add_argument(
+        "--stages", type=int, nargs="+", default=[2, 3], choices=[0, 1, 2, 3], help="ZeRO stages to train"
+    )
     p.add_argument("--mib", type=int, default=64)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--fault", choices=["lost", "partition", "hang", "raise"], action="append")

@@ -54,7 +54,9 @@ class CheckFailed(Exception):
 def _run(cmd: list[str], cwd: Path = ROOT) -> str:
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise CheckFailed(f"`{' '.join(cmd)}` exited with {res.returncode}:\n{res.stdout[-2000:]}{res.stderr[-4000:]}")
+        raise CheckFailed(
+            f"`{' '.join(cmd)}` exited with {res.returncode}:\n{res.stdout[-2000:]}{res.stderr[-4000:]}"
+        )
     return res.stdout
 
 
@@ -152,8 +154,20 @@ def check_wheel(uv: str, out: Path, wheel: Path, ours: set[str], tmp: Path) -> N
     expected, third_party = closure(name, out, ours)
     python = _venv(uv, tmp / name)
     _install_third_party(uv, python, third_party)
-    _run([uv, "pip", "install", "--quiet", "--python", str(python), "--no-index", "--find-links", str(out),
-          f"{name}=={version}"])
+    _run(
+        [
+            uv,
+            "pip",
+            "install",
+            "--quiet",
+            "--python",
+            str(python),
+            "--no-index",
+            "--find-links",
+            str(out),
+            f"{name}=={version}",
+        ]
+    )
     _run([str(python), "-c", f"import {_import_name(name)}"], cwd=tmp)  # not the clone: no stray imports
     installed = _installed_ds(python, ours)
     if installed != expected:
@@ -190,8 +204,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 start = time.monotonic()
                 check_wheel(args.uv, args.out, wheel, ours, Path(tmp))
-                print(f"check: {name} installs alone from {args.out.name}/ and imports "
-                      f"({time.monotonic() - start:.0f} s)", flush=True)
+                print(
+                    f"check: {name} installs alone from {args.out.name}/ and imports "
+                    f"({time.monotonic() - start:.0f} s)",
+                    flush=True,
+                )
             if not args.only or "ds-sparse-attn" in args.only:
                 start = time.monotonic()
                 check_sparse_readme_line(args.uv, Path(tmp))

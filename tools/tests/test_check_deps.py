@@ -58,7 +58,9 @@ def test_engine_must_depend_on_what_it_imports(tree: Path):
 def test_deepspeed_mapping_version_drift_is_reported(tree: Path):
     """``deepspeed``'s local label is the ds version: a label behind the ds-* packages is drift."""
     pyproject = tree / "packages/deepspeed/pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('version = "0.19.8+ds.0.1.0"', 'version = "0.19.8+ds.0.0.9"'))
+    pyproject.write_text(
+        pyproject.read_text().replace('version = "0.19.8+ds.0.1.0"', 'version = "0.19.8+ds.0.0.9"')
+    )
     assert any("lock-step" in p for p in check_deps.check(tree))
 
 

@@ -115,7 +115,6 @@ def test_sparse_attention_seed_era_path_is_ds_sparse_attn():
 @pytest.mark.parametrize(
     ("make", "feature"),
     [
-        (lambda: deepspeed.moe.layer.MoE(hidden_size=4, expert=None), "mixture-of-experts"),
         (lambda: deepspeed.init_inference(torch.nn.Linear(2, 2)), "inference engine"),
     ],
 )

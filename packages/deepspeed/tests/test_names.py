@@ -99,14 +99,6 @@ def test_unknown_name_says_where_ds_looked():
         deepspeed.utils.no_such_name  # noqa: B018
 
 
-def test_z3_leaf_modules_fail_at_use_naming_the_feature():
-    """Accelerate imports ``set_z3_leaf_modules`` from ``deepspeed.utils``; ds has no leaf modules."""
-    from deepspeed.utils import set_z3_leaf_modules
-
-    with pytest.raises(deepspeed.FeatureNotAvailableError, match="ZeRO-3 leaf modules"):
-        set_z3_leaf_modules(None, [])
-
-
 @pytest.mark.parametrize(
     "dotted",
     [

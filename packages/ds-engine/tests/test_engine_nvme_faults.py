@@ -27,7 +27,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root)
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("nvme_faults")
     died = _kill_run(root)
-    small = root / "small"  # room for the fp32 masters and gradients (~21 KB each), not for Adam's two moments
+    small = (
+        root / "small"
+    )  # room for the fp32 masters and gradients (~21 KB each), not for Adam's two moments
     small.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], check=True)
     try:

@@ -8,7 +8,7 @@ given to ``initialize()`` gets a ``PipelineEngine``.
 
 import ds_pipe as pipe
 
-from ds_engine import moe, sparse_attention, zero
+from ds_engine import sparse_attention, zero
 from ds_engine._args import InitializeError, add_config_arguments
 from ds_engine._config_fields import CONFIG_FIELDS
 from ds_engine._dist import init_distributed
@@ -29,7 +29,6 @@ __all__ = [
     "add_config_arguments",
     "init_distributed",
     "initialize",
-    "moe",
     "pipe",
     "sparse_attention",
     "zero",

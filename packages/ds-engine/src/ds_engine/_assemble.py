@@ -19,6 +19,8 @@ from torch import nn
 
 from ds_engine._args import InitializeError
 from ds_engine._host_groups import zeropp_host_groups
+from ds_engine._missing import FeatureNotAvailableError
+from ds_engine._moe import MoeParts, setup_moe
 from ds_engine.topology import ParallelTopology
 from ds_engine.zero import check_partitioned_model
 
@@ -40,6 +42,7 @@ class Parts:
     dp_world_size: int
     client_optimizer: bool = False  # the script passed the optimizer (or a factory) that steps
     evaluation_only: bool = False  # no optimizer was given: forward works, backward and step are refused
+    moe: MoeParts | None = None  # the model's mixture-of-experts layers (ds_moe), if any
 
 
 def model_dtype(cfg: DSConfig) -> torch.dtype:
@@ -95,7 +98,11 @@ def assemble(
     check_partitioned_model(model, cfg.zero_optimization.stage)
     dtype = model_dtype(cfg)
     model.to(device=topology.device, dtype=dtype)
-    _broadcast_parameters(model, dp_group)
+    # MoE layers get their expert groups; experts start equal within their expert-data group only
+    moe = setup_moe(model, cfg.zero_optimization.stage, dp_world_size)
+    _broadcast_parameters(model, dp_group, skip=moe.expert_params if moe is not None else ())
+    if moe is not None:
+        moe.broadcast()
 
     # 2. The optimizer exists before anything wraps it (the client's wins over the config's, as in DeepSpeed).
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
@@ -107,7 +114,7 @@ def assemble(
         if stage == 0:
             scheduler = lr_scheduler if hasattr(lr_scheduler, "step") else None
             return Parts(
-                model, dtype, None, None, None, None, scheduler, dp_group, dp_world_size, False, True
+                model, dtype, None, None, None, None, scheduler, dp_group, dp_world_size, False, True, moe
             )
         # stage 3 partitions the model and gathers it in forward: its optimizer wrapper owns the hooks, so
         # it wraps a placeholder that never steps (the engine refuses backward and step)
@@ -158,6 +165,15 @@ def assemble(
     if cfg.zero_optimization.stage == 0 and reducing > 1:  # amp is never ZeRO (ds_config rejects it)
         # with fp32 gradient accumulation the precision wrapper says which buffers hold the gradients
         targets = wrapped.reduction_params() if hasattr(wrapped, "reduction_params") else None
+        if moe is not None and moe.groups:  # expert-parallel gradients go over their own group (_moe)
+            if targets is not None:
+                raise FeatureNotAvailableError(
+                    "bf16.grad_accum_dtype fp32 with expert parallelism (an MoE layer with ep_size > 1) is not "
+                    "available in ds (DeepSpeed has it, ds does not): leave grad_accum_dtype at its default, or "
+                    "use ep_size 1."
+                )
+            experts = {id(p) for p in moe.expert_params}
+            targets = [p for p in model.parameters() if id(p) not in experts]
         reducer = ds_zero.GradientReducer.from_config(
             model if targets is None else targets, cfg, process_group=dp_group
         )
@@ -183,6 +199,7 @@ def assemble(
         dp_world_size,
         optimizer is not None,
         evaluation_only=optimizer is None and cfg.optimizer is None,
+        moe=moe,
     )
 
 
@@ -199,14 +216,17 @@ def _model_parallel_group(mpu: Any) -> Any | None:
     return None
 
 
-def _broadcast_parameters(model: nn.Module, group: Any) -> None:
-    """Every data-parallel rank starts from rank 0's weights (parameters only, as DeepSpeed)."""
+def _broadcast_parameters(model: nn.Module, group: Any, skip: Any = ()) -> None:
+    """Every data-parallel rank starts from rank 0's weights (parameters only, as DeepSpeed), except
+    ``skip`` (experts, which differ between expert-parallel ranks)."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return
     src = dist.get_global_rank(group, 0) if group is not None else 0
+    skipped = {id(p) for p in skip}
     with torch.no_grad():
         for p in model.parameters():
-            dist.broadcast(p.data, src=src, group=group)
+            if id(p) not in skipped:
+                dist.broadcast(p.data, src=src, group=group)
 
 
 def _build_optimizer(cfg: DSConfig, params: list, client: Any, dp_group: Any) -> torch.optim.Optimizer | None:

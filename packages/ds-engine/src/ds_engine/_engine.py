@@ -75,6 +75,10 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         # gradients from a backward the script ran itself are refused by step() (see _grad_guard)
         self._outside = OutsideGradients(parts.model)
         self.monitor = Monitor.from_config(config, topology.rank)
+        # DeepSpeed's MoE attributes: whether the model has MoE layers, and each layer's expert count
+        self.moe_layers = parts.moe.layers if parts.moe is not None else []
+        self.has_moe_layers = bool(self.moe_layers)
+        self.num_experts = [m.num_experts for m in self.moe_layers]
         self.timers = WallClockTimers(config.wall_clock_breakdown, topology.device)
         if config.dump_state and topology.rank == 0:
             self.dump_state()
@@ -185,6 +189,8 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
             if reducer is not None and boundary:
                 with self.timers.time(BACKWARD_REDUCE):
                     reducer.reduce()
+                    if self.parts.moe is not None:  # expert gradients: over the expert-data group (_moe)
+                        self.parts.moe.reduce()
                     if hasattr(self.optimizer, "gradients_reduced"):
                         self.optimizer.gradients_reduced()
         return loss / gas if scale_wrt_gas else loss
@@ -333,6 +339,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         if not save_dir:  # None or "": DeepSpeed 0.19.8 refuses both with this ValueError
             raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
         self._refuse_tensor_parallel_checkpoint("save_checkpoint")
+        self._refuse_expert_parallel_checkpoint("save_checkpoint")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         model_state = self._module_state_dict()
         if exclude_frozen_parameters:
@@ -353,6 +360,15 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         )
         return True
 
+    def _refuse_expert_parallel_checkpoint(self, what: str) -> None:
+        """With ep > 1 each rank holds different experts; ds's checkpoint saves rank 0's weights only."""
+        if self.parts.moe is not None and self.parts.moe.groups:
+            raise FeatureNotAvailableError(
+                f"{what} with expert parallelism (an MoE layer with ep_size > 1): per-expert-rank checkpoint "
+                "files are not available in ds (DeepSpeed has them, ds does not). Train with ep_size 1 to "
+                "checkpoint, or save each rank's module.state_dict() yourself."
+            )
+
     def load_checkpoint(
         self,
         load_dir: str | Path,
@@ -364,6 +380,7 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
     ) -> tuple[str | None, dict | None]:
         """Load a checkpoint saved at any world size; returns ``(path, client_state)`` or ``(None, None)``."""
         self._refuse_tensor_parallel_checkpoint("load_checkpoint")
+        self._refuse_expert_parallel_checkpoint("load_checkpoint")
         state = ds_checkpoint.load_state(load_dir, None if tag is None else str(tag))
         if state is None:
             return None, None

@@ -1,7 +1,5 @@
-"""DeepSpeed's ``deepspeed.moe.layer`` (``MoE``): not in ds; fails at use, naming the feature."""
+"""DeepSpeed's ``deepspeed.moe.layer`` (``MoE``): ds_moe's layer; the engine gives it its expert groups."""
 
-from ds_engine.moe import layer as _impl
+from ds_moe import MoE
 
-from deepspeed._forward import forward
-
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+__all__ = ["MoE"]

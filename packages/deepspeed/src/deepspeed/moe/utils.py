@@ -1,7 +1,19 @@
-"""DeepSpeed's ``deepspeed.moe.utils``: forwards to ds_engine.moe.utils."""
+"""DeepSpeed's ``deepspeed.moe.utils``: the expert-parameter helpers of ds_moe."""
 
-from ds_engine.moe import utils as _impl
+from ds_moe import (
+    has_moe_layers,
+    is_moe_param,
+    is_moe_param_group,
+    split_params_grads_into_shared_and_expert_params,
+    split_params_into_different_moe_groups_for_optimizer,
+    split_params_into_shared_and_expert_params,
+)
 
-from deepspeed._forward import forward
-
-__all__, __getattr__, __dir__ = forward(__name__, _impl)
+__all__ = [
+    "has_moe_layers",
+    "is_moe_param",
+    "is_moe_param_group",
+    "split_params_grads_into_shared_and_expert_params",
+    "split_params_into_different_moe_groups_for_optimizer",
+    "split_params_into_shared_and_expert_params",
+]

@@ -11,7 +11,8 @@ which its engine and published code call, answer from the world. ds's public and
 answer, with the private ones' values (compared at 2 ranks with DeepSpeed's record,
 packages/deepspeed/tests/test_comm_groups.py). The data-parallel group is torch's world group, on which
 ``get_global_rank`` works (DeepSpeed clones the world only because old torch refused that).
-MoE's ``initialize`` fails naming the feature. The sequence getters answer from the job's topology when it has
+MoE's ``initialize`` raises DeepSpeed 0.19.8's DeprecatedException; the expert-parallel getters
+answer from the topology's ``expert_groups(ep_size)`` (DeepSpeed's names: ``"ep_size_<N>"``). The sequence getters answer from the job's topology when it has
 a sequence axis (Ulysses), else as a data-parallel-only job.
 """
 
@@ -22,7 +23,9 @@ from typing import Any
 
 import torch.distributed as dist
 from ds_engine import topology
-from ds_engine._missing import missing_function
+from ds_engine.topology import get_topology
+
+from deepspeed.utils.exceptions import DeprecatedException
 
 __all__ = [
     "get_data_parallel_group",
@@ -146,11 +149,83 @@ def _get_sequence_data_parallel_rank() -> int:
     return topo.coord("data_sequence") if topo is not None else get_data_parallel_rank()
 
 
-# DeepSpeed 0.19.8's groups.initialize is MoE's deprecated set-up (it raises, pointing to MoE(ep_size=...)):
-# DeepSpeed-CIFAR's --moe path calls it. ds has no MoE, so it names that instead.
-initialize = missing_function(
-    __name__,
-    "initialize",
-    "mixture of experts / expert parallelism (deepspeed.moe, groups.initialize)",
-    "Run without MoE (drop --moe): ds trains dense models, data parallel with ZeRO.",
-)
+# MoE: DeepSpeed's expert-group names and getters over the topology's expert groups
+_made: dict[str, int] = {}  # expert group name -> ep size, in the order they were asked for
+
+
+def _ep(group_name: str) -> int:
+    if group_name not in _made:
+        if not group_name.startswith("ep_size_"):
+            raise KeyError(f"no expert group {group_name!r}; DeepSpeed names them 'ep_size_<N>'")
+        _create_expert_and_data_parallel(int(group_name.removeprefix("ep_size_")))
+    return _made[group_name]
+
+
+def _create_expert_and_data_parallel(
+    expert_parallel_size_: int, use_data_before_expert_parallel_: bool = False
+) -> None:
+    """Make the expert-parallel and expert-data-parallel groups of ``expert_parallel_size_`` (collective)."""
+    if use_data_before_expert_parallel_:
+        raise ValueError(
+            "use_data_before_expert_parallel_: ds lays expert groups out as DeepSpeed's default only"
+        )
+    get_topology().expert_groups(expert_parallel_size_)
+    _made.setdefault(f"ep_size_{expert_parallel_size_}", expert_parallel_size_)
+
+
+def initialize(ep_size: int = 1, mpu: Any = None) -> None:
+    """Retired in DeepSpeed 0.19.8, which raises this (DeepSpeed-CIFAR's ``--moe`` still calls it)."""
+    raise DeprecatedException(
+        "Please do not use the groups.initialize() API as it is deprecated. Instead, pass the desired ep_size "
+        "to deepspeed.moe.layer.MoE(..,ep_size,..)"
+    )
+
+
+def _get_expert_parallel_group(group_name: str) -> Any:
+    return get_topology().expert_groups(_ep(group_name))[0]
+
+
+def _get_expert_data_parallel_group(group_name: str) -> Any:
+    return get_topology().expert_groups(_ep(group_name))[1]
+
+
+def _get_expert_parallel_group_dict() -> dict[str, Any]:
+    return {name: get_topology().expert_groups(ep)[0] for name, ep in _made.items()}
+
+
+def _get_expert_data_parallel_group_dict() -> dict[str, Any]:
+    return {name: get_topology().expert_groups(ep)[1] for name, ep in _made.items()}
+
+
+def _get_expert_parallel_world_size(group_name: str) -> int:
+    return dist.get_world_size(_get_expert_parallel_group(group_name))
+
+
+def _get_expert_parallel_rank(group_name: str) -> int:
+    return dist.get_rank(_get_expert_parallel_group(group_name))
+
+
+def _get_expert_parallel_src_rank(group_name: str) -> int:
+    """The global rank of the first rank of this rank's expert-parallel group."""
+    return dist.get_global_rank(_get_expert_parallel_group(group_name), 0)
+
+
+def _get_expert_data_parallel_world_size(group_name: str) -> int:
+    return dist.get_world_size(_get_expert_data_parallel_group(group_name))
+
+
+def _get_expert_data_parallel_rank(group_name: str) -> int:
+    return dist.get_rank(_get_expert_data_parallel_group(group_name))
+
+
+def _get_max_expert_size_name() -> str:
+    return max(_made, key=_made.__getitem__) if _made else "ep_size_1"
+
+
+def _get_max_expert_size() -> int:
+    return max(_made.values(), default=1)
+
+
+def _get_expert_model_parallel_world_size() -> int:
+    """Expert tensor parallelism is not in ds: 1."""
+    return 1

@@ -1,18 +1,97 @@
-"""DeepSpeed's ``deepspeed.utils.z3_leaf_module``: ZeRO-3 leaf modules are not in ds; each name fails at use.
+"""DeepSpeed's ``deepspeed.utils.z3_leaf_module``: ZeRO-3 leaf modules, mapped onto ds_zero.stage3's.
 
-DeepSpeed gathers a leaf module's parameters all at once (for MoE layers whose experts run
-conditionally). ds's stage 3 gathers per module as each runs; it has no leaf marking. Accelerate calls
-``set_z3_leaf_modules`` only when its plugin names MoE layer classes.
+A leaf module's parameters (its submodules' included) are gathered once for its forward and once for its
+backward (mixture-of-experts blocks whose ranks run different experts). The mark is DeepSpeed's attribute
+(``module._z3_leaf``); ds_zero.stage3._leaf has the mechanism.
 """
 
-from ds_engine._missing import missing_function
+from __future__ import annotations
 
-_FEATURE = "ZeRO-3 leaf modules (deepspeed.utils.set_z3_leaf_modules and friends)"
-_INSTEAD = "Leave the MoE layer classes unset (Accelerate: transformer_moe_cls_names / deepspeed_moe_layer_cls_names)."
+from collections.abc import Sequence
 
-set_z3_leaf_modules = missing_function(__name__, "set_z3_leaf_modules", _FEATURE, _INSTEAD)
-unset_z3_leaf_modules = missing_function(__name__, "unset_z3_leaf_modules", _FEATURE, _INSTEAD)
-get_z3_leaf_modules = missing_function(__name__, "get_z3_leaf_modules", _FEATURE, _INSTEAD)
-z3_leaf_module = missing_function(__name__, "z3_leaf_module", _FEATURE, _INSTEAD)
+from ds_zero.stage3 import (
+    _leaf,
+    get_leaf_modules,
+    is_leaf,
+    is_leaf_parameter,
+    set_leaf_modules,
+    unset_leaf_modules,
+)
+from torch import nn
 
-__all__ = ["get_z3_leaf_modules", "set_z3_leaf_modules", "unset_z3_leaf_modules", "z3_leaf_module"]
+__all__ = [
+    "get_z3_leaf_modules",
+    "set_z3_leaf_module",
+    "set_z3_leaf_modules",
+    "set_z3_leaf_modules_by_name",
+    "set_z3_leaf_modules_by_suffix",
+    "unset_z3_leaf_modules",
+    "z3_leaf_module",
+    "z3_leaf_parameter",
+]
+
+
+def z3_leaf_module(model: nn.Module) -> bool:
+    """Whether ``model`` is marked as a leaf."""
+    return is_leaf(model)
+
+
+def z3_leaf_parameter(model: nn.Parameter) -> bool:
+    """Whether the parameter (DeepSpeed names it ``model``) is inside a leaf module stage 3 hooked."""
+    return is_leaf_parameter(model)
+
+
+def get_z3_leaf_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules of ``model`` marked as leaves."""
+    return get_leaf_modules(model)
+
+
+def set_z3_leaf_modules(
+    model: nn.Module, leaf_module_classes: Sequence[type | str], raise_if_not_found: bool = True
+) -> list[nn.Module]:
+    """Mark the modules of these classes (classes, or names plain or module-qualified); returns them."""
+    return set_leaf_modules(model, leaf_module_classes, raise_if_not_found)
+
+
+def unset_z3_leaf_modules(
+    model: nn.Module, leaf_module_classes: Sequence[type | str], raise_if_not_found: bool = True
+) -> list[nn.Module]:
+    """Clear the mark of the modules of these classes; returns them."""
+    return unset_leaf_modules(model, leaf_module_classes, raise_if_not_found)
+
+
+def set_z3_leaf_module(model: nn.Module, flag: bool) -> None:
+    """Mark (or unmark) ``model`` itself as a leaf."""
+    setattr(model, _leaf.FLAG, flag)
+
+
+def _by(model: nn.Module, keys: Sequence[str], match, flag: bool, raise_if_not_found: bool):
+    found: list[nn.Module] = []
+    missing: list[str] = []
+    for key in keys:
+        hits = [m for name, m in model.named_modules() if match(name, key)]
+        if not hits:
+            missing.append(key)
+        for m in hits:
+            setattr(m, _leaf.FLAG, flag)
+            if not any(m is f for f in found):
+                found.append(m)
+    if missing and raise_if_not_found:
+        raise ValueError(
+            f"no module named {missing} in the model ({type(model).__name__}); see model.named_modules()"
+        )
+    return found, missing
+
+
+def set_z3_leaf_modules_by_name(
+    model: nn.Module, module_names: Sequence[str], flag: bool = True, raise_if_not_found: bool = True
+) -> tuple[list[nn.Module], list[str]]:
+    """Mark the modules of these ``named_modules()`` names; returns ``(modules, names not found)``."""
+    return _by(model, module_names, lambda name, key: name == key, flag, raise_if_not_found)
+
+
+def set_z3_leaf_modules_by_suffix(
+    model: nn.Module, module_name_suffixes: Sequence[str], flag: bool = True, raise_if_not_found: bool = True
+) -> tuple[list[nn.Module], list[str]]:
+    """Mark the modules whose ``named_modules()`` name ends with one of the suffixes."""
+    return _by(model, module_name_suffixes, lambda name, key: name.endswith(key), flag, raise_if_not_found)

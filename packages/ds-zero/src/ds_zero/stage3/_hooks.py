@@ -10,6 +10,10 @@
 * a parameter a module's forward returns (DeepSpeed's "dangling" external parameter: the caller uses
   it, not the module that owns it) stays gathered until the whole model's forward ends, and is gathered
   again when the backward starts, as DeepSpeed 0.19.8 does by registering it on the calling module.
+* a leaf module (``_leaf``) is hooked as one module owning every parameter inside it: one gather for its
+  forward, one for its backward. Its output carries every trainable parameter inside it into autograd
+  (``_TouchParams``, a zero gradient for the experts this rank did not run), so each rank's gradients
+  of the block arrive in its backward and the reduction buckets launch at the same point on every rank.
 
 Every fetch and release goes through ``FetchSchedule`` (``_fetch``), which may gather the next
 modules' parameters early and keep a released one whole when it is used again soon.
@@ -26,6 +30,7 @@ from torch import nn
 
 from .._weak_hook import weak_post_accumulate_grad_hook
 from ._fetch import FetchSchedule
+from ._leaf import PARAM_FLAG, walk_hooked_modules
 from ._partition import ParamSlot, PartitionedParams
 
 __all__ = ["GatherHooks", "register_external_parameter", "unregister_external_parameter"]
@@ -73,14 +78,24 @@ class GatherHooks:
         self.on_grad = on_grad
         self._handles: list[Any] = []
         self._returned: list[ParamSlot] = []  # parameters some module's forward returned (see the docstring)
-        for m in module.modules():
-            # its own parameters, and those it uses but another module registers (register_external_parameter)
+        for m, leaf in walk_hooked_modules(module):
+            # its own parameters, and those it uses but another module registers (register_external_parameter);
+            # a leaf's are those of every module inside it
+            inside = list(m.modules()) if leaf else [m]
             slots = params.slots_of(
-                [*m._parameters.values(), *m.__dict__.get("_external_params", {}).values()]
+                [
+                    p
+                    for sub in inside
+                    for p in (*sub._parameters.values(), *sub.__dict__.get("_external_params", {}).values())
+                ]
             )
-            if slots:
-                self._handles.append(m.register_forward_pre_hook(partial(self._pre_forward, slots)))
-                self._handles.append(m.register_forward_hook(partial(self._post_forward, slots)))
+            if not slots:
+                continue
+            if leaf:
+                for s in slots:
+                    setattr(s.param, PARAM_FLAG, m)
+            self._handles.append(m.register_forward_pre_hook(partial(self._pre_forward, slots)))
+            self._handles.append(m.register_forward_hook(partial(self._post_forward, slots, leaf)))
         for s in params.slots.values():
             if s.param.requires_grad:
                 self._handles.append(weak_post_accumulate_grad_hook(s.param, self._grad_ready))
@@ -91,9 +106,13 @@ class GatherHooks:
             s.fwd_users += 1
         self.schedule.fetch(slots)
 
-    def _post_forward(self, slots: list[ParamSlot], module: nn.Module, inputs: Any, output: Any) -> None:
+    def _post_forward(
+        self, slots: list[ParamSlot], leaf: bool, module: nn.Module, inputs: Any, output: Any
+    ) -> Any:
         for s in slots:
             s.fwd_users -= 1
+        if leaf and torch.is_grad_enabled():
+            output = _touch_params(output, [s.param for s in slots if s.param.requires_grad])
         outputs = _tensors(output)
         self._hold_returned(outputs)
         if torch.is_grad_enabled():
@@ -101,6 +120,7 @@ class GatherHooks:
                 if t.requires_grad and not isinstance(t, nn.Parameter):
                     t.register_hook(partial(self._pre_backward, slots))
         self.schedule.release(slots)
+        return output if leaf else None
 
     def _hold_returned(self, outputs: list[torch.Tensor]) -> None:
         """Keep each managed parameter among a module's outputs gathered until the model's forward ends."""
@@ -163,3 +183,40 @@ def _tensors(output: Any) -> list[torch.Tensor]:
     if isinstance(output, dict):
         return [t for o in output.values() for t in _tensors(o)]
     return []
+
+
+class _TouchParams(torch.autograd.Function):
+    """Identity on ``out``; a zero gradient for each parameter (see the module docstring: leaf modules)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, *params: nn.Parameter) -> torch.Tensor:
+        ctx.shapes = [(p.shape, p.dtype, p.device) for p in params]
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return (
+            grad,
+            *(torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in ctx.shapes),
+        )
+
+
+def _touch_params(output: Any, params: list[nn.Parameter]) -> Any:
+    """``output`` with its first tensor that requires grad passed through ``_TouchParams``."""
+    if not params:
+        return output
+    if torch.is_tensor(output):
+        return (
+            _TouchParams.apply(output, *params)
+            if output.requires_grad and output.is_floating_point()
+            else output
+        )
+    if isinstance(output, tuple | list):
+        items = list(output)
+        for i, o in enumerate(items):
+            touched = _touch_params(o, params)
+            if touched is not o:
+                items[i] = touched
+                return type(output)(items) if not hasattr(output, "_fields") else type(output)(*items)
+        return output
+    return output

@@ -82,8 +82,14 @@ def _load_aio(self, verbose: bool = False):
 
 def _unloadable(cls_name: str, method: str, op: str, provider: str | None, why_not: str) -> Any:
     """``load`` (or ``builder``) of an op ds does not compile: not available, naming the op and what instead."""
-    instead = f"ds provides the feature as {provider}, in Python over torch: use that class" if provider else why_not
-    return missing_function(__name__, f"{cls_name}.{method}", f"DeepSpeed's compiled op {op!r}", f"{instead}.")
+    instead = (
+        f"ds provides the feature as {provider}, in Python over torch: use that class"
+        if provider
+        else why_not
+    )
+    return missing_function(
+        __name__, f"{cls_name}.{method}", f"DeepSpeed's compiled op {op!r}", f"{instead}."
+    )
 
 
 def _builder(cls_name: str, op: str, provider: str | None, why_not: str) -> type[OpBuilder]:
