@@ -10,7 +10,7 @@ ds's counted collectives.
    2 ranks with skewed routing (ds-zero's test model), with the blocks as leaves.
 
 Writes docs/benchmarks/moe.json (command, commit, versions, load, figures). Usage:
-  python tools/bench/bench_moe.py --deepspeed-python /work/refenv/bin/python [--runs 3 --steps 12]
+  python tools/bench/bench_moe.py --deepspeed-python $DS_DEEPSPEED_PYTHON [--runs 3 --steps 12]
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ ds stage 3, ds stage 2, DDP and FSDP2 alike, use tools/bench/bench_largest_fit.p
 With ``--zero '{"offload_optimizer": {"device": "nvme", "nvme_path": DIR, ...}}'`` (and ``--aio``) each step's
 optimizer time and the bytes the swap read and wrote in it are recorded too (I/O efficiency = bytes / step
 time against tools/bench/bench_nvme_io.py's bandwidth). ``--impl deepspeed`` runs the same model and config on
-DeepSpeed 0.19.8 (``env -u PYTHONPATH DS_ACCELERATOR=cpu /work/refenv/bin/python tools/bench/bench_stage3_fit.py
+DeepSpeed 0.19.8 (``env -u PYTHONPATH DS_ACCELERATOR=cpu $DS_DEEPSPEED_PYTHON tools/bench/bench_stage3_fit.py
 --impl deepspeed ...``; bytes moved are not recorded for it).
 """
 

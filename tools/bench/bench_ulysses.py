@@ -9,7 +9,7 @@
    ``deepspeed`` and under the real DeepSpeed, alternating, ``--runs`` times each; per run the median step after
    the first; reported: the median of those, with the spread.
 
-    python tools/bench/bench_ulysses.py --seq 16384 --time-seq 2048 --runs 3 --deepspeed-python /work/refenv/bin/python
+    python tools/bench/bench_ulysses.py --seq 16384 --time-seq 2048 --runs 3 --deepspeed-python $DS_DEEPSPEED_PYTHON
 Writes docs/benchmarks/ulysses.json (command, commit, versions, load average, figures).
 """
 
@@ -126,9 +126,15 @@ def main() -> None:
     parser.add_argument("--time-seq", type=int, default=2048, help="sequence length of the step-time runs")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--deepspeed-python", default="/work/refenv/bin/python")
+    parser.add_argument(
+        "--deepspeed-python",
+        default=os.environ.get("DS_DEEPSPEED_PYTHON"),
+        help="a python with deepspeed==0.19.8 (default: $DS_DEEPSPEED_PYTHON)",
+    )
     parser.add_argument("--out", default=str(ROOT / "docs" / "benchmarks" / "ulysses.json"))
     args = parser.parse_args()
+    if not args.deepspeed_python:
+        parser.error("give --deepspeed-python or set DS_DEEPSPEED_PYTHON (a venv with deepspeed==0.19.8)")
     load = [os.getloadavg()]
     memory = activation_memory(args.seq)
     times: dict[str, list[float]] = {"ds": [], "deepspeed": []}
