@@ -371,7 +371,7 @@ class PartitionedParams:
         else:
             works = broadcast_async(pieces, self.process_group)
         if len(run) == 1 and not quantize_weights:
-            return _Filled(works, None)
+            return _Then(works, None)
 
         def unpack() -> None:
             if quantize_weights:
@@ -381,7 +381,7 @@ class PartitionedParams:
                 for s, out in run:
                     out.copy_(buf[s.start - start : s.end - start])
 
-        return _Filled(works, unpack)
+        return _Then(works, unpack)
 
     def release(self, slots: Iterable[ParamSlot]) -> None:
         """Drop the full tensors of slots nobody uses (persistent parameters stay whole)."""
@@ -434,21 +434,6 @@ class PartitionedParams:
         """Elements of this rank's partitions plus the whole (persistent) parameters it keeps."""
         held = self.swap.cpu_numel if self.swap is not None else sum(self.part_numels)
         return held + sum(s.numel for s in self.slots.values() if s.persistent)
-
-
-class _Filled:
-    """The works of one run's broadcasts, and what to do once they are done (copy the run's buffer out)."""
-
-    def __init__(self, works: list, then: Callable[[], None] | None) -> None:
-        self._works, self._then = works, then
-
-    def wait(self) -> None:
-        for w in self._works:
-            w.wait()
-        self._works = []
-        if self._then is not None:
-            self._then()
-            self._then = None
 
 
 def _quantized(pieces: list[tuple[torch.Tensor, int]], rank: int) -> list[tuple[torch.Tensor, int]]:
