@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from ds_engine._key_getters import KeyGetters
 from ds_engine._missing import FeatureNotAvailableError, missing_function
 from ds_engine._monitor import Monitor
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
+from ds_engine._tp_checkpoint import local_optimizer_state, logical_optimizer_state
 
 logger = logging.getLogger("ds_engine")
 
@@ -338,25 +340,32 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         saved weights (loading such a checkpoint then needs ``load_module_strict=False``)."""
         if not save_dir:  # None or "": DeepSpeed 0.19.8 refuses both with this ValueError
             raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
-        self._refuse_tensor_parallel_checkpoint("save_checkpoint")
+        tp_group = self._tensor_parallel_group("save_checkpoint")
         self._refuse_expert_parallel_checkpoint("save_checkpoint")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         model_state = self._module_state_dict()
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             model_state = {k: v for k, v in model_state.items() if k not in frozen}
+        shard = self._sharded_state()
+        if tp_group is not None and shard is not None:
+            # AutoTP: the state of the whole parameters (what the unsplit model saves), so that it loads at
+            # any tensor-parallel degree; every rank of the world takes part and writes into one checkpoint
+            shard = logical_optimizer_state(
+                shard, self.module, tp_group, self.parts.dp_group, self.zero_optimization_stage() > 0
+            )
         ds_checkpoint.save_state(
             save_dir,
             tag,
             model_state=model_state,
-            optimizer_shard=self._sharded_state(),
+            optimizer_shard=shard,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=self._counters(),
             client_state=client_state or {},
             config=self.ds_config.model_dump(mode="json"),
             save_latest=save_latest,
             tag_validation=self.ds_config.checkpoint.tag_validation,
-            group=self.parts.dp_group,
+            group=None if tp_group is not None else self.parts.dp_group,
         )
         return True
 
@@ -379,23 +388,27 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         load_module_only: bool = False,
     ) -> tuple[str | None, dict | None]:
         """Load a checkpoint saved at any world size; returns ``(path, client_state)`` or ``(None, None)``."""
-        self._refuse_tensor_parallel_checkpoint("load_checkpoint")
+        tp_group = self._tensor_parallel_group("load_checkpoint")
         self._refuse_expert_parallel_checkpoint("load_checkpoint")
         state = ds_checkpoint.load_state(load_dir, None if tag is None else str(tag))
         if state is None:
             return None, None
         # stage 3 keeps only partitions: its optimizer loads the full weights (masters included)
         load_module = getattr(self.optimizer, "load_module_state_dict", None)
+        if tp_group is not None:  # the checkpoint holds whole weights: this rank loads its shards of them
+            load_module = functools.partial(ds_tpsp.tensor.load_full_state_dict, self.module, group=tp_group)
         (load_module or self.module.load_state_dict)(state.model_state, strict=load_module_strict)
         if not load_module_only:
             sharded = self._sharded_state()
             if sharded is not None:
                 if load_optimizer_states and state.optimizer_groups:
                     _, mine = sharded
-                    ranges = [tuple(g["shard"]) for g in mine["groups"]]
-                    self.optimizer.load_sharded_state_dict(
-                        *state.optimizer_shard(ranges, mine["rank"], mine["world_size"])
-                    )
+                    if tp_group is not None:  # each whole parameter's state cut to this rank's shard
+                        shard = local_optimizer_state(state, mine, self.module, tp_group)
+                    else:
+                        ranges = [tuple(g["shard"]) for g in mine["groups"]]
+                        shard = state.optimizer_shard(ranges, mine["rank"], mine["world_size"])
+                    self.optimizer.load_sharded_state_dict(*shard)
                     zero = self.ds_config.zero_optimization
                     if zero.stage > 0 and not zero.load_from_fp32_weights:
                         # DeepSpeed's load_from_fp32_weights=false (a ZeRO key): keep the loaded optimizer
@@ -419,12 +432,17 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
             return gathered()
         return ds_tpsp.tensor.full_state_dict(self.module, ds_tpsp.tensor.tp_group_of(self.module))
 
-    def _refuse_tensor_parallel_checkpoint(self, what: str) -> None:
-        if ds_tpsp.tensor.tp_group_of(self.module) is not None:
+    def _tensor_parallel_group(self, what: str) -> Any:
+        """The AutoTP group the module is split over (None: not split); refused at ZeRO stage 3, whose
+        gathered weights would still be this rank's shards."""
+        group = ds_tpsp.tensor.tp_group_of(self.module)
+        if group is not None and self.zero_optimization_stage() == 3:
             raise FeatureNotAvailableError(
-                f"{what} with tensor_parallel.autotp_size > 1 (AutoTP checkpoints) is not available in ds yet; "
-                "save the whole weights with engine.save_16bit_model(dir), which load into the unsplit model"
+                f"{what} with tensor_parallel.autotp_size > 1 at ZeRO stage 3 is not available in ds (AutoTP "
+                "checkpoints are written at ZeRO stages 0-2); train at stage 1 or 2, or save the weights with "
+                "engine.save_16bit_model(dir)"
             )
+        return group
 
     def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict:
         """DeepSpeed's ZeRO-3 full state dict (what Accelerate's ``get_state_dict`` and the Trainer's
