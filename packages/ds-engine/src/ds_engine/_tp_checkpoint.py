@@ -15,8 +15,7 @@ from typing import Any
 import ds_checkpoint
 import torch
 import torch.distributed as dist
-from ds_tpsp.tensor import shard_info
-from ds_tpsp.tensor._layers import join_shards, split_dim
+from ds_tpsp.tensor import join_shards, shard_info, split_dim
 from torch import nn
 from torch.distributed import ProcessGroup
 

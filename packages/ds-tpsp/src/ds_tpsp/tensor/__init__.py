@@ -6,7 +6,7 @@ model's Hugging Face plan or DeepSpeed's rules say); ``full_state_dict`` gives b
 """
 
 from ._comm import copy_to_tp, gather_from_tp, reduce_from_tp, split_to_tp
-from ._layers import ColumnParallelLinear, RowParallelLinear, ShardInfo, shard_info
+from ._layers import ColumnParallelLinear, RowParallelLinear, ShardInfo, join_shards, shard_info, split_dim
 from ._plan import PRESETS, Spec, resolve_specs
 from ._shard import ShardPlan, TensorParallelError, shard_model, tp_group_of
 from ._state import full_state_dict, gather_full, load_full_state_dict, shard_full
@@ -23,12 +23,14 @@ __all__ = [
     "full_state_dict",
     "gather_from_tp",
     "gather_full",
+    "join_shards",
     "load_full_state_dict",
     "reduce_from_tp",
     "resolve_specs",
     "shard_full",
     "shard_info",
     "shard_model",
+    "split_dim",
     "split_to_tp",
     "tp_group_of",
 ]

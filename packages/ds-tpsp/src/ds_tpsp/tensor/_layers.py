@@ -18,7 +18,7 @@ from torch.distributed import ProcessGroup
 
 from ._comm import copy_to_tp, gather_from_tp, linear_overlapped, reduce_from_tp
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ShardInfo", "shard_info", "split_dim"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ShardInfo", "join_shards", "shard_info", "split_dim"]
 
 _INFO = "ds_tp_shard"
 
