@@ -91,7 +91,7 @@ def package_tests(session: nox.Session, package: str) -> None:
         "pytest",
         f"packages/{package}/tests",
         "-q",
-        "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
+        "-rfEs",  # each failure by name, then the reason for every skip (no GPU, no mpirun, another world size)
         "--durations=8",  # the slowest tests, for whoever trims CI time next
         *PARALLEL,
         f"--timeout={PER_TEST_TIMEOUT_S}",
@@ -111,7 +111,7 @@ def kernels(session: nox.Session) -> None:
         "pytest",
         "kernels",
         "-q",
-        "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
+        "-rfEs",  # each failure by name, then the reason for every skip (no GPU, no mpirun, another world size)
         "-n",
         "2",
         f"--timeout={PER_TEST_TIMEOUT_S}",
@@ -146,7 +146,7 @@ def integration(session: nox.Session, world_size: int) -> None:
             else []
         ),
         "-q",
-        "-rs",  # the reason for every skip (no GPU, no mpirun, another world size)
+        "-rfEs",  # each failure by name, then the reason for every skip (no GPU, no mpirun, another world size)
         "--durations=15",  # the slowest tests, for whoever trims CI time next
         # at 2 ranks two test files at a time: much of a launch is imports and rendezvous, not compute
         *(PARALLEL if world_size == 2 else []),
@@ -173,7 +173,7 @@ def frameworks(session: nox.Session) -> None:
         "pytest",
         "integration/frameworks",
         "-q",
-        "-rs",
+        "-rfEs",
         "--durations=15",
         # one framework per worker: the launches are mostly waiting (Lightning's launcher, rendezvous)
         *PARALLEL,
@@ -201,7 +201,7 @@ def docs(session: nox.Session) -> None:
     session.run("python", "tools/checks/check_import_cycles.py")
     session.run("python", "tools/checks/gen_config_reference.py", "--check")
     session.run("python", "tools/checks/check_config_consumers.py")
-    session.run("python", "-m", "pytest", "tools/tests", "-q", "-rs")
+    session.run("python", "-m", "pytest", "tools/tests", "-q", "-rfEs")
 
 
 @nox.session(venv_backend="none")
