@@ -1,19 +1,30 @@
-"""fp16 under ZeRO 1/2 with a client AdamW, and the loss scaler reached as DeepSpeed code reaches it.
+"""fp16 with a client AdamW, and the loss scaler reached as DeepSpeed code reaches it, at ZeRO 0, 1 and 2.
 
-DeepSpeed 0.19.8 refuses fp16 on the CPU, so no fixture records its values: they are checked against the
-config as DeepSpeed's ``DynamicLossScaler`` defines them (``cur_scale`` = 2**initial_scale_power; the
-scale halves once ``hysteresis`` overflows have been seen; ``scale_factor`` 2.0). ZeRO's optimizer holds
+At ZeRO 1/2, DeepSpeed 0.19.8 refuses fp16 on the CPU, so no fixture records its values: they are checked
+against the config as DeepSpeed's ``DynamicLossScaler`` defines them (``cur_scale`` = 2**initial_scale_power;
+the scale halves once ``hysteresis`` overflows have been seen; ``scale_factor`` 2.0). ZeRO's optimizer holds
 ``loss_scaler`` (the scaler itself), ``cur_scale`` (read and set through it), ``dynamic_loss_scale`` and
 ``loss_scale_config`` (a snapshot under DeepSpeed's field names). One rank, a 36-parameter model.
+
+At stage 0 the fixture tool records DeepSpeed's ``optimizer.loss_scale_config`` step by step (its CPU fp16
+check lifted for that case; ``fixtures/deepspeed_compat.json``, "fp16_stage0", from
+``tools/fixtures/deepspeed_compat_cases.py``, which runs here under ds).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+from pathlib import Path
 
 import deepspeed
 import pytest
 import torch
+
+RECORD = json.loads((Path(__file__).parent / "fixtures/deepspeed_compat.json").read_text())["fp16_stage0"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tools/fixtures"))
+import deepspeed_compat_cases as recorder  # noqa: E402
 
 
 def _engine(stage: int, fp16: dict):
@@ -83,3 +94,17 @@ def test_static_loss_scale_under_zero():
     )
     cfg = opt.loss_scale_config
     assert (cfg.use_grad_scaling, cfg.dynamic_loss_scale, cfg.cur_scale) == (True, False, 128.0)
+
+
+def test_loss_scale_config_at_stage_0_as_deepspeed_0_19_8():
+    got = json.loads(json.dumps(recorder.fp16_stage0_case()))
+    for name in ("dynamic.hysteresis=1", "static"):  # after initialize, then overflow x2, clean x4
+        assert "error" not in got[name], got[name]
+        assert got[name]["has"]["loss_scale_config"] is RECORD[name]["has"]["loss_scale_config"] is True
+        assert got[name]["trace"] == RECORD[name]["trace"], name
+    # deliberate difference (docs/deepspeed-api.md): DeepSpeed's stage-0 fp16 optimizers ignore hysteresis,
+    # ds's one loss scaler honours it at every stage
+    want, mine = RECORD["dynamic.hysteresis=2"]["trace"], got["dynamic.hysteresis=2"]["trace"]
+    assert mine[0] == want[0]
+    assert [t["cur_scale"] for t in want] == [256, 128, 64, 64, 64, 128, 128]
+    assert [t["cur_scale"] for t in mine] == [256, 256, 128, 128, 128, 256, 256]

@@ -26,6 +26,7 @@ from ._env import EnvironmentVariableError, env_choice, env_flag, env_number
 from ._errors import ConfigError, ConfigProblem, ConfigWarning, DeprecatedKeyConflictError
 from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
+from ._loss_scale import LossScaleConfig
 from ._models import (
     NATIVE_OPTIMIZERS,
     NATIVE_SCHEDULERS,
@@ -55,6 +56,7 @@ from ._tensor_parallel import LayerSpecConfig, PartitionConfig, TensorParallelCo
 __version__ = "0.1.0"
 __all__ = [
     "LayerSpecConfig",
+    "LossScaleConfig",
     "PartitionConfig",
     "TensorParallelConfig",
     "TPGroupConfig",

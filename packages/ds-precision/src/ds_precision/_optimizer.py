@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from ds_config import LossScaleConfig
 
 from ._flat import FlatGroup, build_flat_group
 from ._scaler import DynamicLossScaler, OverflowAtMinimumScaleError
@@ -197,6 +198,12 @@ class MixedPrecisionOptimizer:
     def loss_scale(self) -> float:
         """The current loss scale (1.0 without a scaler)."""
         return self.scaler.loss_scale if self.scaler is not None else 1.0
+
+    @property
+    def loss_scale_config(self) -> LossScaleConfig:
+        """The scaler's settings and state under DeepSpeed's names, as DeepSpeed's fp16 optimizers give them
+        (its own snapshot from the scaler, fresh per access; no scaling without one)."""
+        return self.scaler.loss_scale_config if self.scaler is not None else LossScaleConfig.unscaled()
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """``loss`` in fp32 multiplied by the loss scale; call ``.backward()`` on the result."""

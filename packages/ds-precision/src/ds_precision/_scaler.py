@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ds_config import FP16Config
+from ds_config import FP16Config, LossScaleConfig
 
 __all__ = [
     "DEFAULT_MAX_OVERFLOWS_AT_MIN_SCALE",
@@ -144,6 +144,20 @@ class DynamicLossScaler:
         """Consecutive overflows seen while the scale sat at its minimum."""
         return self._streak.count
 
+    @property
+    def loss_scale_config(self) -> LossScaleConfig:
+        """This scaler's settings and state under DeepSpeed's names (``optimizer.loss_scale_config``)."""
+        return LossScaleConfig(
+            use_grad_scaling=True,
+            dynamic_loss_scale=True,
+            cur_iter=self.cur_iter,
+            cur_scale=self.cur_scale,
+            last_overflow_iter=self.last_overflow_iter,
+            scale_factor=self.scale_factor,
+            scale_window=self.scale_window,
+            min_loss_scale=self.min_scale,
+        )
+
     def update_scale(self, overflow: bool) -> None:
         """Advance one optimizer step; ``overflow`` says whether any gradient held inf/nan."""
         at_minimum = self.cur_scale <= self.min_scale
@@ -215,6 +229,7 @@ class StaticLossScaler:
     ) -> None:
         _check_positive("loss_scale", loss_scale)
         self.cur_scale = float(loss_scale)
+        self.cur_iter = 0  # steps seen, as DeepSpeed's loss_scale_config counts them for a static scale too
         self._streak = _OverflowStreak(max_overflows_at_min_scale)
 
     @classmethod
@@ -232,16 +247,30 @@ class StaticLossScaler:
         """Consecutive overflows seen (a static scale is always at its minimum)."""
         return self._streak.count
 
+    @property
+    def loss_scale_config(self) -> LossScaleConfig:
+        """The fixed scale under DeepSpeed's names (``optimizer.loss_scale_config``; no dynamic fields)."""
+        return LossScaleConfig(
+            use_grad_scaling=True, dynamic_loss_scale=False, cur_iter=self.cur_iter, cur_scale=self.cur_scale
+        )
+
     def update_scale(self, overflow: bool) -> None:
         """Record one optimizer step; the scale itself never changes."""
+        self.cur_iter += 1
         self._streak.record(overflow, True, self.cur_scale)
 
     def state_dict(self) -> dict[str, Any]:
         """The scale, as plain numbers."""
-        return {"dynamic": False, "cur_scale": self.cur_scale, "overflows_at_min_scale": self._streak.count}
+        return {
+            "dynamic": False,
+            "cur_scale": self.cur_scale,
+            "cur_iter": self.cur_iter,
+            "overflows_at_min_scale": self._streak.count,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the overflow streak; the configured scale of this run is kept."""
+        """Restore the step count and the overflow streak; the configured scale of this run is kept."""
+        self.cur_iter = int(state.get("cur_iter", 0))
         self._streak.count = int(state.get("overflows_at_min_scale", 0))
 
     def __repr__(self) -> str:

@@ -22,6 +22,8 @@ class LossScalerProtocol(Protocol):
 
     ``loss_scale`` multiplies the loss before backward; ``update_scale(overflow)`` is called once per
     optimizer step at a gradient-accumulation boundary, after the ranks agreed on ``overflow``.
+    ``loss_scale_config`` (ds_config's snapshot, DeepSpeed's names) is read only when code asks the optimizer
+    for it; a scaler without it answers AttributeError there.
     """
 
     @property

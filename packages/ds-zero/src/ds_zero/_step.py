@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from ds_config import LossScaleConfig
 
 from ._comm import ProcessGroup, all_gather_views
 from ._partition import FlatGroup
 from ._protocol import LossScalerProtocol
 
 __all__ = [
-    "LossScaleConfig",
     "LossScaledStep",
     "gather_partitions",
     "global_norm_sq",
@@ -27,24 +26,6 @@ __all__ = [
     "partition_norm_sq",
     "unscale_factor",
 ]
-
-
-@dataclass(frozen=True)
-class LossScaleConfig:
-    """DeepSpeed's ``optimizer.loss_scale_config``, read from the scaler when asked (fields by its names).
-
-    ``use_grad_scaling`` is False without a scaler (fp32, bf16): then the scale is 1.0 and the dynamic
-    fields are None, as in DeepSpeed.
-    """
-
-    use_grad_scaling: bool
-    dynamic_loss_scale: bool
-    cur_iter: int
-    cur_scale: float
-    last_overflow_iter: int | None = None
-    scale_factor: float | None = None
-    scale_window: int | None = None
-    min_loss_scale: float | None = None
 
 
 class LossScaledStep:
@@ -114,24 +95,9 @@ class LossScaledStep:
 
     @property
     def loss_scale_config(self) -> LossScaleConfig:
-        """The scaler's current settings and state under DeepSpeed's names (a fresh snapshot per access)."""
-        scaler = self.scaler
-        if scaler is None:
-            return LossScaleConfig(
-                use_grad_scaling=False, dynamic_loss_scale=False, cur_iter=0, cur_scale=1.0
-            )
-        if not self.dynamic_loss_scale:
-            return LossScaleConfig(True, False, 0, self.loss_scale)
-        return LossScaleConfig(
-            use_grad_scaling=True,
-            dynamic_loss_scale=True,
-            cur_iter=int(getattr(scaler, "cur_iter", 0)),
-            cur_scale=self.loss_scale,
-            last_overflow_iter=getattr(scaler, "last_overflow_iter", None),
-            scale_factor=getattr(scaler, "scale_factor", 2.0),  # halves on overflow, doubles when stable
-            scale_window=getattr(scaler, "scale_window", None),
-            min_loss_scale=getattr(scaler, "min_scale", None),
-        )
+        """The scaler's settings and state under DeepSpeed's names: the scaler's own snapshot (fresh per access),
+        or no scaling without a scaler (fp32, bf16)."""
+        return self.scaler.loss_scale_config if self.scaler is not None else LossScaleConfig.unscaled()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         raise NotImplementedError
