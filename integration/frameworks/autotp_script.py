@@ -3,7 +3,10 @@
 tensor-parallel group read the same batch (DeepSpeed requires it); the data-parallel ranks read their rows
 of the global batch. Rank 0 prints one JSON line per step, then the whole weights' sums when asked to save.
 
-    torchrun --nproc_per_node 4 autotp_script.py --tp 2 --zero 2 [--bf16] [--clip 1.0] [--save DIR]
+    torchrun --nproc_per_node 4 autotp_script.py --tp 2 --zero 2 [--bf16] [--clip 1.0] [--vocab] [--save DIR]
+
+``--vocab`` sets ``vocab_parallel_lm_head``: the head split over the vocabulary, its logits left split (rank 0
+prints their width) and the loss computed vocab-parallel.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ p.add_argument("--clip", type=float, default=0.0)
 p.add_argument("--steps", type=int, default=4)
 p.add_argument("--micro", type=int, default=2)
 p.add_argument("--overlap", action="store_true")
+p.add_argument("--vocab", action="store_true", help="tensor_parallel.vocab_parallel_lm_head: true")
 p.add_argument("--save", default="")
 p.add_argument("--width", type=int, default=32, help="hidden size (the benchmark's is larger)")
 p.add_argument("--layers", type=int, default=2)
@@ -46,6 +50,7 @@ model = LlamaForCausalLM(
         max_position_embeddings=max(32, args.seq), attn_implementation="eager",
     )
 )  # fmt: skip
+head = {"vocab_parallel_lm_head": True} if args.vocab else {}
 config = {
     "train_micro_batch_size_per_gpu": args.micro,
     "gradient_accumulation_steps": 1,
@@ -54,7 +59,7 @@ config = {
     "gradient_clipping": args.clip,
     "bf16": {"enabled": args.bf16},
     "fp16": {"enabled": args.fp16, "initial_scale_power": 8},
-    "tensor_parallel": {"autotp_size": args.tp, "tp_overlap_comm": args.overlap},
+    "tensor_parallel": {"autotp_size": args.tp, "tp_overlap_comm": args.overlap, **head},
     "steps_per_print": 1000,
 }
 engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
@@ -71,7 +76,10 @@ for step in range(args.steps):
     ids = torch.randint(0, vocab, (args.micro * dp, args.seq), generator=g)
     ids = ids[dp_rank * args.micro : (dp_rank + 1) * args.micro]
     t0 = time.perf_counter()
-    loss = engine(input_ids=ids, labels=ids).loss
+    out = engine(input_ids=ids, labels=ids)
+    loss = out.loss
+    if step == 0 and rank == 0 and args.vocab:  # this rank's slice of the vocabulary
+        print(json.dumps({"logits_cols": out.logits.shape[-1]}), flush=True)
     engine.backward(loss)
     engine.step()
     seconds.append(time.perf_counter() - t0)

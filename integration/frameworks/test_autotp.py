@@ -2,7 +2,8 @@
 DeepSpeed 0.19.8 running the same scripts (fixtures/autotp.json, recorded by
 tools/fixtures/make_autotp_fixtures.py): a user's script at tp 2 (ZeRO 1, clipping), tp 2 x dp 2 (ZeRO 2,
 4 ranks), bf16 and fp16; the Trainer with autotp_size in its DeepSpeed config, whose saved weights load into the
-plain Llama. DeepSpeed's own tp-1 runs of the script give the same losses as its tp-2 runs (fp32), so ds's
+plain Llama; ``vocab_parallel_lm_head`` (the head split over the vocabulary, logits left split, the loss computed
+vocab-parallel). DeepSpeed's own tp-1 runs of the script give the same losses as its tp-2 runs (fp32), so ds's
 tp-2 losses equal the unsplit model's too.
 """
 
@@ -30,20 +31,24 @@ def _close(ours, theirs, tol, what):
 
 def test_fixture_is_deepspeed_0198_and_its_tp2_equals_its_tp1():
     assert FIXTURE["deepspeed_version"] == "0.19.8"
-    _close(
-        CASES["tp2_zero1_clip"]["losses"], CASES["tp1_zero1_clip"]["losses"], REL_TOL, "DeepSpeed tp2 vs tp1"
-    )
+    for tp2 in ("tp2_zero1_clip", "tp2_vocab_zero1_clip"):
+        _close(CASES[tp2]["losses"], CASES["tp1_zero1_clip"]["losses"], REL_TOL, f"DeepSpeed {tp2} vs tp1")
+    assert CASES["tp2_vocab_zero1_clip"]["logits_cols"] == 32  # DeepSpeed leaves the logits split: 64 / 2
     _close(CASES["tp2_dp2_zero2_clip"]["losses"], CASES["tp1_dp2_zero2_clip"]["losses"], REL_TOL, "tp2xdp2")
     for tp2, tp1 in (("tp2_zero1_clip", "tp1_zero1_clip"), ("tp2_dp2_zero2_clip", "tp1_dp2_zero2_clip")):
         _close(CASES[tp2]["grad_norms"], CASES[tp1]["grad_norms"], REL_TOL, f"DeepSpeed {tp2} norm vs {tp1}")
     assert CASES["tp2_zero1_clip"]["q_proj_rows"] == 16 and CASES["tp1_zero1_clip"]["q_proj_rows"] == 32
 
 
-@pytest.mark.parametrize("case", ["tp2_zero1_clip", "tp2_dp2_zero2_clip", "tp2_bf16"])
+# tp 2 at ZeRO 1 runs with vocab_parallel_lm_head (the head split over the vocabulary, the loss vocab-parallel);
+# the gathered head is the other cases' (and fp16's and the Trainer's)
+@pytest.mark.parametrize("case", ["tp2_vocab_zero1_clip", "tp2_dp2_zero2_clip", "tp2_bf16"])
 def test_script_losses_equal_deepspeeds(case):
     want = CASES[case]
     records = run_script(sys.executable, "autotp_script.py", *want["args"], nproc=want["ranks"])
     assert [r["q_proj_rows"] for r in records if "q_proj_rows" in r] == [want["q_proj_rows"]]
+    cols = [r["logits_cols"] for r in records if "logits_cols" in r]  # only --vocab prints it
+    assert cols == ([want["logits_cols"]] if "logits_cols" in want else [])
     _close(losses(records), want["losses"], HALF_REL_TOL if "16" in case else REL_TOL, case)
     if "clip" in case:  # the norm clipping used covers the whole model: shards summed over the tensor axis
         norms = [r["grad_norm"] for r in records if "step" in r]

@@ -178,9 +178,10 @@ ABSENT: dict[str, str] = {
     "deepspeed.nvme": _NVME,
     "deepspeed.io": _NVME,
     "deepspeed.sequence": (
-        "AutoSP, FPDT, vocabulary-parallel cross entropy and deepspeed.sequence.layer's layout helpers (uneven "
-        "heads, the group registry): not in ds; layer.DistributedAttention, single_all_to_all and "
-        "apply_rotary_pos_emb are ds_tpsp's"
+        "AutoSP, FPDT, the public vocabulary-parallel cross-entropy functions and deepspeed.sequence.layer's "
+        "layout helpers (uneven heads, the group registry): not in ds; layer.DistributedAttention, "
+        "single_all_to_all and apply_rotary_pos_emb are ds_tpsp's, and tensor_parallel.vocab_parallel_lm_head "
+        "installs ds_tpsp's vocab-parallel causal-LM loss"
     ),
     "deepspeed.linear": "LoRA/quantised linear layers (deepspeed.linear): not in ds",
     "deepspeed.datastates": "DataStates asynchronous checkpointing engine: not in ds",

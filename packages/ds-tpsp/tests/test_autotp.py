@@ -84,9 +84,45 @@ def test_strict_mode_names_the_weight_no_spec_matches(ran):
     assert got is not None and "strict_mode" in got and "lm_head.weight" in got
 
 
-def test_vocab_parallel_lm_head_true_is_refused_by_name(ran):
-    got = ran[0]["config"]["vocab"]
-    assert got is not None and "vocab_parallel_lm_head" in got and "not available" in got
+def test_vocab_parallel_lm_head_from_the_config_splits_the_head_over_the_vocabulary(ran):
+    assert ran[0]["config"]["vocab"] == "vocab"
+
+
+def test_vocab_parallel_head_trains_with_the_unsplit_models_losses(ran):
+    for out in ran:
+        got = out["vocab"]
+        losses, layers, _, _ = got["untied"]
+        assert losses == pytest.approx(out["reference"][0], rel=1e-5)
+        assert layers["lm_head"] == "vocab" and "model.embed_tokens" not in layers
+        tied_losses, tied_layers, _, _ = got["tied"]
+        assert tied_losses == pytest.approx(got["tied_reference"][0], rel=1e-5)
+        assert tied_layers["lm_head"] == "vocab" and tied_layers["model.embed_tokens"] == "vocab-embedding"
+        assert got["tied_shares"] == [32, 32]  # one parameter: this rank's 32 of the 64 vocabulary rows
+
+
+def test_vocab_parallel_head_returns_this_ranks_logits_and_the_loss_of_the_whole(ran):
+    got = ran[0]["vocab"]
+    assert got["logits_shape"] == [2, 8, 32]
+    assert got["masked"][0] == pytest.approx(got["masked"][1], rel=1e-5)  # labels -100 ignored
+    assert got["items"][0] == pytest.approx(got["items"][1], rel=1e-5)  # the sum over num_items_in_batch
+
+
+def test_vocab_parallel_lm_head_null_follows_a_plan_that_shards_a_tied_embedding(ran):
+    assert ran[0]["vocab"]["auto"] == [("vocab", "vocab-embedding"), (None, None), ("column+gather", None)]
+
+
+@pytest.mark.parametrize(
+    ("case", "words"),
+    [
+        ("rows", ["lm_head", "63 vocabulary rows", "autotp_size 2"]),
+        ("no_head", ["LM head", "'lm_head', 'embed_out'", "LlamaModel"]),
+        ("no_hook", ["NoHook has no loss_function", "vocab_parallel_lm_head false"]),
+    ],
+)
+def test_vocab_parallel_lm_head_errors_name_the_module_and_numbers(ran, case, words):
+    message, untouched = ran[0]["vocab"]["errors"][case]
+    assert all(word in message for word in words), message
+    assert untouched
 
 
 def test_autotp_size_other_than_the_group_is_an_error(ran):

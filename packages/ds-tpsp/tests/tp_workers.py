@@ -24,13 +24,20 @@ def batch(step: int, n: int = 2, seq: int = 8, vocab: int = 64):
     return ids
 
 
-def train_losses(group, steps=3, overlap=False, specs=None, preset=None):
+def train_losses(group, steps=3, overlap=False, specs=None, preset=None, vocab=None, **model_kw):
     """Losses of a few SGD steps of the tiny Llama split over ``group`` (None: not split)."""
     from ds_tpsp.tensor import shard_model
 
-    model = tiny_llama()
+    model = tiny_llama(**model_kw)
     plan = (
-        shard_model(model, group, overlap_comm=overlap, partition_config=specs, preset_model=preset)
+        shard_model(
+            model,
+            group,
+            overlap_comm=overlap,
+            partition_config=specs,
+            preset_model=preset,
+            vocab_parallel_lm_head=vocab,
+        )
         if group
         else None
     )
@@ -60,6 +67,7 @@ def everything(rank, world):
         "overlap": train_losses(group, overlap=True),
     }
     out["preset"] = train_losses(group, preset="llama")
+    out["vocab"] = vocab_parallel(group)
     out["errors"] = {str(i): shard_error(o) for i, o in enumerate(ERROR_CASES)}
     out["round_trip"] = full_weights_round_trip()
     out["config"] = from_config(group)
@@ -93,11 +101,11 @@ def from_config(group):
         **section,
         "partition_config": {"strict_mode": True, "layer_specs": [{"patterns": [r".*_proj\.weight$"]}]},
     }
-    for key, bad in (
-        ("strict", strict),
-        ("vocab", {**section, "vocab_parallel_lm_head": True}),
-        ("size", {"autotp_size": 4}),
-    ):
+    vocab = {**section, "vocab_parallel_lm_head": True}
+    got["vocab"] = shard_model(
+        tiny_llama(), group, load_config({"train_batch_size": 2, "tensor_parallel": vocab}).tensor_parallel
+    ).layers["lm_head"]
+    for key, bad in (("strict", strict), ("size", {"autotp_size": 4})):
         try:
             shard_model(
                 tiny_llama(),
@@ -143,3 +151,67 @@ def full_weights_round_trip():
     load_full_state_dict(model, full, dist.group.WORLD)
     back = all(torch.equal(local[k], v) for k, v in model.state_dict().items())
     return same, back
+
+
+def vocab_parallel(group):
+    """vocab_parallel_lm_head: the head split over the vocabulary with split logits and the vocab-parallel loss
+    (untied and tied to the embedding), null's automatic choice, and the errors."""
+    import torch.nn as nn
+    from ds_tpsp.tensor import TensorParallelError, shard_model
+
+    out = {
+        "untied": train_losses(group, vocab=True),
+        "tied_reference": train_losses(None, tie_word_embeddings=True),
+        "tied": train_losses(group, vocab=True, tie_word_embeddings=True),
+    }
+    model = tiny_llama()
+    shard_model(model, group, vocab_parallel_lm_head=True)
+    ids = batch(0)
+    labels = ids.clone()
+    labels[:, :3] = -100  # ignored tokens; the Trainer's num_items_in_batch divides the sum
+    whole = tiny_llama()
+    with torch.no_grad():
+        result = model(input_ids=ids, labels=labels)
+        out["logits_shape"] = list(result.logits.shape)
+        out["masked"] = (result.loss.item(), whole(input_ids=ids, labels=labels).loss.item())
+        out["items"] = (
+            model(input_ids=ids, labels=labels, num_items_in_batch=7).loss.item(),
+            whole(input_ids=ids, labels=labels, num_items_in_batch=7).loss.item(),
+        )
+    tied = tiny_llama(tie_word_embeddings=True)
+    shard_model(tied, group, vocab_parallel_lm_head=True)
+    out["tied_shares"] = tied.model.embed_tokens.weight is tied.lm_head.weight and list(
+        tied.lm_head.weight.shape
+    )
+
+    def planned(vocab, tie=True):  # a plan that shards the embedding (embedding_rowwise), as GPT-NeoX's does
+        model = tiny_llama(tie_word_embeddings=tie)
+        model.config.base_model_tp_plan = {
+            **model.config.base_model_tp_plan,
+            "embed_tokens": "embedding_rowwise",
+        }
+        layers = shard_model(model, group, vocab_parallel_lm_head=vocab).layers
+        return layers.get("lm_head"), layers.get("model.embed_tokens")
+
+    out["auto"] = [planned(None), planned(False), planned(None, tie=False)]
+
+    class NoHook(nn.Module):  # a head but no Hugging Face loss_function to put the vocab-parallel loss in
+        def __init__(self):
+            super().__init__()
+            self.up_proj, self.lm_head = nn.Linear(4, 4), nn.Linear(4, 8)
+
+    errors = {}
+    for key, make in (
+        ("rows", lambda: tiny_llama(vocab_size=63)),
+        ("no_head", lambda: tiny_llama().model),
+        ("no_hook", NoHook),
+    ):
+        model = make()
+        before = [n for n, _ in model.named_modules()]
+        try:
+            shard_model(model, group, vocab_parallel_lm_head=True)
+            errors[key] = None
+        except TensorParallelError as exc:
+            errors[key] = (str(exc), [n for n, _ in model.named_modules()] == before)
+    out["errors"] = errors
+    return out

@@ -70,9 +70,6 @@ _TP_NO_EFFECT = {
         "moves the shards to the device afterwards), so the whole model is never on the device"
     ),
     "tensor_parallel.partition_config.tp_size": "replaced by autotp_size, as in DeepSpeed",
-    "tensor_parallel.partition_config.lm_head_patterns": (
-        "read only by vocab_parallel_lm_head: true, which ds does not have (an error names it)"
-    ),
     "tensor_parallel.partition_config.embedding_partition_dim": "DeepSpeed 0.19.8 reads it nowhere",
 }
 

@@ -133,8 +133,11 @@ class TensorParallelConfig(_TPSection):
     vocab_parallel_lm_head: JsonBool | None = Field(
         None,
         description=(
-            "true: the LM head stays split over the vocabulary (no gather) and the causal-LM loss is computed "
-            "vocab-parallel; false or null: the head's logits are gathered (null follows the model's plan)."
+            "true: the LM head (an nn.Linear named by partition_config.lm_head_patterns) is split over the "
+            "vocabulary with its logits left split, the model's loss_function computes the causal-LM loss "
+            "vocab-parallel and an embedding tied to the head looks up the same shard; null: so when the model's "
+            "Hugging Face plan shards a tied embedding (embedding_rowwise), else as false; false: the head's "
+            "logits are gathered."
         ),
     )
     vocab_parallel_ce_backend: Annotated[

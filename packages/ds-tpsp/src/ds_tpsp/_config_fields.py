@@ -3,6 +3,7 @@
 CONFIG_FIELDS: tuple[str, ...] = (
     "tensor_parallel.autotp_size",
     "tensor_parallel.partition_config.layer_specs",
+    "tensor_parallel.partition_config.lm_head_patterns",
     "tensor_parallel.partition_config.strict_mode",
     "tensor_parallel.partition_config.use_default_specs",
     "tensor_parallel.preset_model",

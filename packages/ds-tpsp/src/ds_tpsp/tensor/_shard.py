@@ -6,6 +6,7 @@ one error names the module and the numbers.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +17,21 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from ._layers import ColumnParallelLinear, RowParallelLinear
-from ._plan import Spec, find_spec, resolve_specs
+from ._plan import Spec, find_spec, hf_plan, resolve_specs
+from ._vocab import (
+    VocabParallelCausalLMLoss,
+    VocabParallelEmbedding,
+    VocabParallelLinear,
+    embedding_problem,
+    install_vocab_parallel_loss,
+)
 
 __all__ = ["ShardPlan", "TensorParallelError", "shard_model", "tp_group_of"]
 
+logger = logging.getLogger("ds_tpsp")
+
 _GROUP_ATTR = "ds_tp_group"
+_LM_HEAD_NAMES = ("lm_head", "embed_out")  # DeepSpeed's default lm_head_patterns
 # Hugging Face config attributes: (heads, the projections whose output features hold them)
 _HEAD_COUNTS = (("num_attention_heads", ("q_proj",)), ("num_key_value_heads", ("k_proj", "v_proj")))
 
@@ -35,7 +46,8 @@ class ShardPlan:
 
     degree: int
     source: str
-    layers: dict[str, str] = field(default_factory=dict)  # module name -> "column" | "column+gather" | "row"
+    # module name -> "column" | "column+gather" | "row" | "vocab" (the head, vocab_parallel_lm_head) | "vocab-embedding"
+    layers: dict[str, str] = field(default_factory=dict)
     grad_allreduce: list[str] = field(default_factory=list)  # whole weights whose gradient is summed
     replaced: dict[int, nn.Parameter] = field(default_factory=dict)  # id(whole parameter) -> its shard
 
@@ -93,14 +105,11 @@ def shard_model(
     plan = ShardPlan(degree, source)
     if degree == 1:
         return plan
-    if vocab_parallel_lm_head:
-        raise NotImplementedError(
-            "tensor_parallel.vocab_parallel_lm_head: true (a vocabulary-split LM head with a vocab-parallel "
-            "loss) is not available in ds; remove the key (the head is split and its logits gathered)"
-        )
+    patterns = tuple(partition_config.lm_head_patterns) if partition_config is not None else _LM_HEAD_NAMES
+    head = _vocab_head(model, patterns, degree, vocab_parallel_lm_head, source)
     strict = partition_config is not None and partition_config.strict_mode
-    chosen = _choose(model, specs, strict)
-    if not any(spec.kind != "skip" for _, _, spec in chosen):
+    chosen = _choose(model, specs, strict, skip=head[0] if head else None)
+    if not any(spec.kind != "skip" for _, _, spec in chosen) and head is None:
         raise TensorParallelError(
             f"AutoTP found no linear layer to split in {type(model).__name__} (rules from {source}); give "
             "tensor_parallel.partition_config.layer_specs naming its projections, or train it without "
@@ -130,20 +139,117 @@ def shard_model(
         plan.replaced[id(linear.weight)] = new.weight
         if linear.bias is not None:
             plan.replaced[id(linear.bias)] = new.bias
-        parent_name, _, child = name.rpartition(".")
-        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        _replace(model, name, new)
+    if head is not None:
+        _split_vocab_head(model, plan, group, overlap_comm, *head)
     setattr(model, _GROUP_ATTR, group)
     model.ds_autotp_parsed = True  # DeepSpeed's marker
     return plan
 
 
-def _choose(model: nn.Module, specs: tuple[Spec, ...], strict: bool) -> list[tuple[str, nn.Linear, Spec]]:
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+
+
+def _vocab_head(
+    model: nn.Module, patterns: tuple[str, ...], degree: int, asked: bool | None, source: str
+) -> tuple[str, nn.Linear, list[tuple[str, nn.Embedding]]] | None:
+    """The LM head to split over the vocabulary, with the embeddings tied to it; None: the head is not split
+    so. ``asked`` is ``vocab_parallel_lm_head``: true splits it (or raises, naming why it cannot); null does
+    when the model's Hugging Face plan shards the embedding (``embedding_rowwise``) and the head is tied to it,
+    falling back to a whole head with a warning when it cannot (DeepSpeed 0.19.8's rules)."""
+    if asked is False:
+        return None
+    embeddings: dict[int, list[tuple[str, nn.Embedding]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        if isinstance(module, nn.Embedding):
+            embeddings.setdefault(id(module.weight), []).append((name, module))
+    heads = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and name.rpartition(".")[2] in patterns
+    ]
+    if asked is None:
+        plan_shards_embedding = source == "the model's Hugging Face tp_plan" and any(
+            style.lower() == "embedding_rowwise" for style in hf_plan(model).values()
+        )
+        if not (plan_shards_embedding and any(id(m.weight) in embeddings for _, m in heads)):
+            return None
+    try:
+        if not heads:
+            raise TensorParallelError(
+                f"tensor_parallel.vocab_parallel_lm_head needs the LM head: an nn.Linear named one of "
+                f"{list(patterns)} (tensor_parallel.partition_config.lm_head_patterns); {type(model).__name__} "
+                "has none"
+            )
+        if len(heads) > 1:
+            raise TensorParallelError(
+                f"tensor_parallel.vocab_parallel_lm_head: {type(model).__name__} has several LM heads "
+                f"{[n for n, _ in heads]}; name the one in tensor_parallel.partition_config.lm_head_patterns"
+            )
+        name, linear = heads[0]
+        if linear.out_features % degree:
+            raise TensorParallelError(
+                f"AutoTP cannot split {name} over the vocabulary on {degree} ranks "
+                f"(tensor_parallel.vocab_parallel_lm_head): its {linear.out_features} vocabulary rows are not "
+                f"divisible by tensor_parallel.autotp_size {degree} (ds splits the vocabulary evenly); pad the "
+                "vocabulary or set vocab_parallel_lm_head false"
+            )
+        tied = embeddings.get(id(linear.weight), [])
+        for ename, emb in tied:
+            problem = embedding_problem(emb)
+            if problem:
+                raise TensorParallelError(
+                    f"tensor_parallel.vocab_parallel_lm_head: the embedding {ename} tied to {name} cannot look up "
+                    f"a vocabulary shard: {problem}"
+                )
+        problem = install_vocab_parallel_loss(model, object(), check_only=True)
+        if problem:
+            raise TensorParallelError(
+                f"tensor_parallel.vocab_parallel_lm_head: {problem}; the split logits need the vocab-parallel "
+                "loss there. Set vocab_parallel_lm_head false to gather the logits"
+            )
+    except TensorParallelError as exc:
+        if asked:
+            raise
+        logger.warning("AutoTP: the LM head and its tied embedding stay whole (%s)", exc)
+        return None
+    return name, linear, tied
+
+
+def _split_vocab_head(
+    model: nn.Module,
+    plan: ShardPlan,
+    group: ProcessGroup,
+    overlap_comm: bool,
+    name: str,
+    linear: nn.Linear,
+    tied: list[tuple[str, nn.Embedding]],
+) -> None:
+    """The head split over the vocabulary with its logits left split, its tied embeddings looking up the same
+    shard, and the model's loss computed from the split logits."""
+    head = VocabParallelLinear(linear, group, overlap_comm=overlap_comm)
+    plan.layers[name] = "vocab"
+    plan.replaced[id(linear.weight)] = head.weight
+    if linear.bias is not None:
+        plan.replaced[id(linear.bias)] = head.bias
+    _replace(model, name, head)
+    for ename, emb in tied:
+        _replace(model, ename, VocabParallelEmbedding(emb, head))
+        plan.layers[ename] = "vocab-embedding"
+    install_vocab_parallel_loss(model, VocabParallelCausalLMLoss(head))
+
+
+def _choose(
+    model: nn.Module, specs: tuple[Spec, ...], strict: bool, skip: str | None = None
+) -> list[tuple[str, nn.Linear, Spec]]:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     # a head tied to the embedding stays whole with it (DeepSpeed keeps a tied pair replicated too)
     embedded = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     chosen = []
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or id(module.weight) in embedded:
+        if not isinstance(module, nn.Linear) or id(module.weight) in embedded or name == skip:
             continue
         spec = find_spec(specs, name + ".weight", model_type)
         if spec is None:
