@@ -60,7 +60,7 @@ itself (not measured). To save time, run the rungs that matter per implementatio
 the same way), e.g. ``--impls ddp,ds2 --layers 4,8,12,16,20,24`` then ``--impls ds3,fsdp2 --layers
 8,12,16,20,24,28,32``.
 
-ZeRO-Infinity (docs/benchmarks.md, "The largest GPT with parameters and optimizer state on disk"): one
+ZeRO-Infinity (docs/benchmarks.md, "ZeRO-3 with parameters and optimizer state on NVMe"): one
 rank with 2 threads, bf16, width 2560 (GPT-3 2.7B's), 20 heads, so 78.7M parameters per layer plus 41.3M
 of embeddings (13 layers = 1.064B, 38 layers = 3.031B). DeepSpeed 0.19.8 needs the stage-3 working set
 small for its parameter swap buffers (with its defaults it failed at 3 layers, "Not enough buffers 0 for

@@ -181,7 +181,7 @@ def test_the_all_reduce_gather_keeps_every_bit_including_negative_zero(runs):
 
 
 def test_the_shipped_gloo_choice(runs):
-    """Measured (docs/benchmarks/ds-zero.md): broadcasts gather at every size; 2 ranks send slices to
+    """Measured (tools/bench/bench_zero_collectives.py; git show af730fc:docs/benchmarks/ds-zero.md): broadcasts gather at every size; 2 ranks send slices to
     their owners up to 56 MiB (the receive buffer is bounded), 4 ranks up to 4 MiB, and reduce per
     owner above. With CUDA tensors (gloo on a GPU) it all-reduces: gloo has no send/recv or reduce there."""
     for r in runs:

@@ -1,8 +1,8 @@
 """CPUAdam: Adam/AdamW for ZeRO offload on fp32 master weights, with an optional low-precision copy.
 
 Without a low-precision copy the update runs on torch's fused Adam kernel (``torch._fused_adam_``/
-``torch._fused_adamw_``), which ships compiled with torch and is the fastest update alone here
-(docs/benchmarks/ds-optim.md).
+``torch._fused_adamw_``), which ships compiled with torch and was the fastest update alone here
+(tools/bench/bench_optim.py; no record kept, the notes are in git: git show af730fc:docs/benchmarks/ds-optim.md).
 
 With a copy (``step(lowp_params=...)``, the bf16/fp16 weights the model computes with) and numba installed
 (``pip install 'ds-optim[fast]'``), a Numba kernel updates weights and moments and writes the copy in the

@@ -95,8 +95,8 @@ def global_rank(group: ProcessGroup | None, rank_in_group: int) -> int:
 
 
 # The one place that chooses ZeRO's collectives per backend: backend -> (world size, bucket bytes) ->
-# method. Measured with tools/bench/bench_zero_collectives.py (gloo, fp32, quiet, two runs; figures in
-# docs/benchmarks/ds-zero.md):
+# method. Measured with tools/bench/bench_zero_collectives.py (gloo, fp32, quiet, two runs; no record kept,
+# the notes are in git: git show af730fc:docs/benchmarks/ds-zero.md):
 # - all-gather semantics: one async broadcast per owner beat all_gather, all_gather_into_tensor and an
 #   all_reduce of a -0.0-filled buffer at 4-64 MiB at 2 and 4 ranks (53 MiB: 24.5 and 26.2 ms against
 #   36-77 at 2 ranks; 52.0 and 44.9 against 120-137 at 4), and was within 3 ms of the best at 1 MiB;

@@ -1,6 +1,6 @@
 """ZeRO's collectives over MPI (mpi4py), for CPU ranks that ``mpirun`` started.
 
-Measured on this 2-core machine (tools/bench/bench_zero_mpi.py, docs/benchmarks/ds-zero.md), Open MPI's
+Measured on a 2-core machine (docs/benchmarks.md, "ZeRO's collectives under mpirun": record and command), Open MPI's
 shared-memory collectives move the lean GPT's 53 MB of fp32 gradients several times faster than gloo's
 at 2 ranks: stage 0's all-reduce per gradient 15.6 ms against 76.0, the reduce to owners 13.2 against
 27.7, the weight gather 6.5 against 19.7. When every rank of the group qualifies, the

@@ -21,8 +21,8 @@ DEFAULT_BUCKET_ELEMS = 500_000_000
 
 # A gradient of at least this many elements is all-reduced where it is, as its own collective within its
 # bucket; smaller ones travel flattened together. Measured by tools/bench/bench_zero_collectives.py on the lean
-# GPT's gradients (docs/benchmarks/ds-zero.md): flattening its 53 MB into a new buffer and copying them
-# back cost about as much as the all_reduce itself.
+# GPT's gradients (no record kept; git show af730fc:docs/benchmarks/ds-zero.md): flattening its 53 MB into a
+# new buffer and copying them back cost about as much as the all_reduce itself.
 IN_PLACE_MIN_ELEMS = 1 << 18
 
 

@@ -3,8 +3,9 @@ single-node jobs). "One host" is what the ranks report (hostname and boot id, ``
 inferred from a file they can all open.
 
 gloo moves a same-host tensor through TCP loopback; here every rank maps one file in ``/dev/shm`` and
-the data crosses memory once each way. Measured on this 2-core machine (tools/bench/bench_zero_mpi.py,
-docs/benchmarks/ds-zero.md), it is several times faster than gloo at 4 ranks.
+the data crosses memory once each way. Measured on a 2-core machine (tools/bench/bench_zero_mpi.py; no record
+kept, the notes are in git: git show af730fc:docs/benchmarks/ds-zero.md), it was several times faster than
+gloo at 4 ranks.
 
 Layout of the mapping: a header (rank 0's token, every rank's pid), one 64-byte flag per rank, then two
 regions of ``world`` slots of ``CHUNK`` bytes. A collective moves its tensors in rounds of at most
