@@ -8,6 +8,7 @@ torch.distributed baseline at 2 ranks (test_zero_shm.py checks each collective o
 
 from __future__ import annotations
 
+import _expert_workers as ew
 import _parity
 import _workers as w
 import pytest
@@ -40,6 +41,8 @@ def _other_world_main(rank: int, world: int, saved: dict, full: dict) -> dict:
             "configs": _parity.run_all(rank, world, shm_collective_calls, baseline=world == 4),
             "memory": w.memory_check(rank, world),
             "loaded": w.load_state(rank, world, ROUNDTRIP_CFG, saved, full),
+            # expert groups partitioned over their expert-data-parallel group (ep 2: 2 ranks; ep 4: 1)
+            "experts": ew.run(rank, world, [2, 4]) if world == 4 else [],
         }
     )
 
@@ -168,3 +171,35 @@ def test_fp32_grad_accum_is_closer_to_fp32_and_is_counted(world2):
         assert m["s2_fp32"]["grad_bytes"] - m["s2_bf16"]["grad_bytes"] == 2 * part
         # stage 1: one fp32 flat accumulation buffer instead of the bf16 .grad tensors
         assert m["s1_fp32"]["grad_bytes"] - m["s1_bf16"]["grad_bytes"] == 4 * padded - 2 * numel
+
+
+def _error(mine: dict, ref: dict) -> float:
+    return max(float((mine[k] - v).abs().max()) for k, v in ref.items())
+
+
+def test_expert_groups_train_like_one_process_holding_every_expert(other_worlds):
+    """ZeRO 1/2 with the experts' param group partitioned over the ranks holding the same expert
+    (``partition_groups``), at 4 ranks with ep 2 and 4, against one process holding every expert
+    (_expert_workers.py): weights, the norm over dense and every expert, the full expert weight."""
+    refs: dict = {}
+    for rank, result in enumerate(other_worlds[4]):
+        for r in (r for r in result["experts"] if not r.get("unwired")):
+            key = (r["ep"], str(r["cfg"]))
+            if key not in refs:
+                refs[key] = ew.reference(r["cfg"], 4, r["ep"])
+            dense, experts, norm = refs[key]
+            assert r["expert_partition"] == 4 // r["ep"], key
+            assert _error(r["dense"], dense) <= FP32_TOL, (rank, key, "dense")
+            assert _error(r["expert"], experts[rank % r["ep"]]) <= FP32_TOL, (rank, key, "expert")
+            assert abs(r["norm"] - norm) <= 1e-5 * norm, (rank, key, r["norm"], norm)
+            assert r["full_expert_weight_error"] == 0.0, (rank, key)
+
+
+def test_experts_partitioned_over_the_world_diverge(other_worlds):
+    """The same run without ``partition_groups`` mixes the ranks' different experts: far off."""
+    for rank, result in enumerate(other_worlds[4]):
+        unwired = [r for r in result["experts"] if r.get("unwired")]
+        assert len(unwired) == 2
+        for r in unwired:
+            _, experts, _ = ew.reference(r["cfg"], 4, r["ep"])
+            assert _error(r["expert"], experts[rank % r["ep"]]) > 1e-3, (rank, r["ep"])

@@ -224,6 +224,8 @@ def reduce_to_owners(
         )
     rank = group_rank(group)
     owned = [(lo, buf[lo - start : hi - start]) for r, lo, hi in layout.owners(start, end) if r == rank]
+    if group_size(group) == 1:  # a group of one (an expert held by one rank): the sum is the bucket itself
+        return OwnerReduction([], owned)
     if method == "all_reduce":  # every rank ends with the whole sum; it reads its own slices
         return OwnerReduction([dist.all_reduce(buf, group=group, async_op=True)], owned)
     works = [

@@ -68,7 +68,8 @@ class ParamFragments:
 
     Subclasses define ``_span``, ``_device``, ``_read_piece`` and ``_write_piece``; ``_after_full_write``
     lets them keep the weights the model uses consistent when the master is those weights.
-    Every ``full_*`` call is collective over ``process_group``: each rank calls it for the same parameter.
+    Every ``full_*`` call is collective over ``process_group`` (``_span_group``'s for a parameter partitioned
+    over another group): each rank calls it for the same parameter.
     """
 
     process_group: ProcessGroup | None
@@ -90,6 +91,11 @@ class ParamFragments:
 
     def _after_full_write(self, param: nn.Parameter, span: ParamSpan, value: torch.Tensor) -> None:
         """After ``set_full_fp32_param`` wrote the master pieces (nothing to do by default)."""
+
+    def _span_group(self, span: ParamSpan) -> ProcessGroup | None:
+        """The ranks holding the pieces of the parameter (``process_group`` unless its group is partitioned
+        over another, an expert group's)."""
+        return self.process_group
 
     def _prepare(self, what: Fragment) -> None:
         """Called on every rank before any rank reads or writes its piece: the place for a collective that
@@ -158,8 +164,9 @@ class ParamFragments:
         full = torch.zeros(span.numel, dtype=torch.float32, device=self._device(span))
         a, b = span.local_in_param()
         full[a:b].copy_(piece)
-        if dist.get_world_size(self.process_group) > 1:
-            dist.all_reduce(full, group=self.process_group)  # each element is non-zero on one rank only
+        group = self._span_group(span)
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(full, group=group)  # each element is non-zero on one rank only
         return full.view(span.shape)
 
     def _scatter(self, span: ParamSpan, what: Fragment, key: str | None, value: torch.Tensor) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ._comm import ProcessGroup
 from ._errors import ZeroConfigError
 from ._layout import GroupLayout
 from ._options import ZeroOptions
@@ -39,6 +40,9 @@ class FlatGroup:
     # that buffer: allocated by an accumulation window's first backward, freed once the step has reduced it
     flat_grad: torch.Tensor | None = None
     norm_ranges: list[tuple[int, int]] | None = None  # see norm_ranges()
+    # the ranks ``layout.dp`` counts, over which this group is partitioned, its gradients reduced and its
+    # weights gathered: the optimizer's data-parallel group, or an expert group's expert-data-parallel one
+    process_group: ProcessGroup | None = None
 
     @property
     def partition(self) -> tuple[int, int]:
@@ -82,9 +86,11 @@ def build_group(
     dp: int,
     rank: int,
     mp_rank: int | None,
+    process_group: ProcessGroup | None = None,
 ) -> FlatGroup:
     """Flatten ``opt_group``'s trainable params, make them views of the buffer, re-point the group at the master.
 
+    The group is partitioned over ``process_group``, of ``dp`` ranks (this one is ``rank``).
     ``mp_rank`` is this rank's model-parallel rank, or None without model parallelism.
     """
     params = [p for p in opt_group["params"] if p.requires_grad]
@@ -110,6 +116,7 @@ def build_group(
     accum_dtype = opts.grad_accum_dtype or dtype
     param_names = [names.get(id(p), f"group{index}.param{i}") for i, p in enumerate(params)]
     group = FlatGroup(index, params, param_names, layout, rank, flat, master, accum_dtype, opt_group)
+    group.process_group = process_group
     if opts.stage == 1 and (opts.contiguous_gradients or opts.cpu_offload or accum_dtype != dtype):
         group.flat_grad_dtype = accum_dtype
     spans = ((p, *group.layout.param_range(i)) for i, p in enumerate(group.params))

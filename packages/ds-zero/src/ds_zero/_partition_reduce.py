@@ -248,7 +248,7 @@ class PartitionReducer:
         for _, t in segments:
             self.rule.before(t)
         method = None if self.opts.reduce_scatter else "all_reduce"
-        return reduce_to_owners(segments, g.layout, start, end, self.process_group, method)
+        return reduce_to_owners(segments, g.layout, start, end, g.process_group, method)
 
     def _absorb(self, b: _Bucket) -> None:
         """Wait for a bucket's reduction and add this rank's slice into its partition gradient."""

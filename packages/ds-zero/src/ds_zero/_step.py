@@ -257,6 +257,8 @@ def gather_partitions(
     broadcast instead.
     """
     dp, rank = g.layout.dp, g.rank
+    if dp == 1:  # this rank's partition is the whole group: nothing to gather
+        return
     part = g.layout.partition_numel
     chunk = max(1, bucket_elems // dp)
     for k0 in range(0, part, chunk):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
@@ -52,6 +53,14 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
     and the overflow test also span the model-parallel ranks: parameters marked
     ``tensor_model_parallel`` (or ``model_parallel``) count on every model-parallel rank, all others on
     model-parallel rank 0 only.
+
+    ``partition_groups`` maps a param group's index to another process group, a subgroup of
+    ``process_group``'s ranks that is partitioned, reduced and gathered over instead: a mixture of
+    experts' expert parameters, which differ between expert-parallel ranks, go over their
+    expert-data-parallel group (the ranks holding the same experts), as DeepSpeed's ``real_dp_process_group``.
+    Their gradients are still divided by ``process_group``'s size (an expert's gradient already holds the
+    tokens of every expert-parallel rank), and the norm still sums over ``process_group``: each expert's
+    partitions lie on the ranks of one expert-data-parallel group, so every element counts once.
     """
 
     def __init__(
@@ -63,6 +72,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         scaler: LossScalerProtocol | None = None,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
+        partition_groups: Mapping[int, ProcessGroup] | None = None,
     ) -> None:
         opts = options if options is not None else ZeroOptions()
         check_options(optimizer, opts)
@@ -80,6 +90,9 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         self.dp = group_size(process_group)
         self.rank = group_rank(process_group)
         self.host_transport = _transport.enable(process_group)  # MPI or shared memory (``_transport.py``)
+        self.partition_groups = _check_partition_groups(partition_groups, optimizer, process_group)
+        for pg in {id(pg): pg for pg in self.partition_groups.values()}.values():
+            _transport.enable(pg)  # collective over ``pg``: its ranks build their optimizers together
         # with model parallelism the norm also sums over the model-parallel group (docs/design.md §5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None
@@ -87,13 +100,14 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         self.skipped_steps = 0
         self._steps_taken = 0
         self._boundary = False
+        groups = [self.partition_groups.get(i, process_group) for i in range(len(optimizer.param_groups))]
         self.groups: list[FlatGroup] = [
-            build_group(i, g, param_names or {}, opts, self.dp, self.rank, mp_rank)
-            for i, g in enumerate(optimizer.param_groups)
+            build_group(i, g, param_names or {}, opts, group_size(pg), group_rank(pg), mp_rank, pg)
+            for (i, g), pg in zip(enumerate(optimizer.param_groups), groups)
         ]
         optimizer.state.clear()  # any state was keyed by the old, replaced parameters
         self._spans = {
-            id(p): ParamSpan(g.index, g.layout, self.rank, *g.layout.param_range(i), p.shape)
+            id(p): ParamSpan(g.index, g.layout, g.rank, *g.layout.param_range(i), p.shape)
             for g in self.groups
             for i, p in enumerate(g.params)
         }
@@ -128,6 +142,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         scaler: LossScalerProtocol | None = None,
         param_names: dict[int, str] | None = None,
         model_parallel_group: ProcessGroup | None = None,
+        partition_groups: Mapping[int, ProcessGroup] | None = None,
     ) -> ZeroOptimizer:
         """Build from a loaded config: ``zero_optimization`` and the top-level keys ZeRO reads (CONFIG_FIELDS)."""
         return cls(
@@ -137,6 +152,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
             scaler=scaler,
             param_names=param_names,
             model_parallel_group=model_parallel_group,
+            partition_groups=partition_groups,
         )
 
     # ------------------------------------------------------------------ micro-steps
@@ -237,7 +253,7 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
             if not self._optimizer_writes_weights:
                 g.write_master_back()
             gather_partitions(
-                g, self.process_group, self.options.allgather_bucket_size, self.options.allgather_partitions
+                g, g.process_group, self.options.allgather_bucket_size, self.options.allgather_partitions
             )
         self._steps_taken += 1
         self._end_step()
@@ -307,6 +323,9 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
     def _device(self, span: ParamSpan) -> torch.device:
         return self.groups[span.group].flat.device
 
+    def _span_group(self, span: ParamSpan) -> ProcessGroup | None:
+        return self.groups[span.group].process_group
+
     def _read_piece(self, span: ParamSpan, what: Fragment, key: str | None) -> torch.Tensor | None:
         g = self.groups[span.group]
         lo, hi = span.local()
@@ -354,11 +373,22 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
 
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """This rank's optimizer state in the "ds-flat-shard/1" format (padding stripped)."""
+        self._refuse_partition_groups("sharded_state_dict")
         return sharded_state(self)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's NEW slice (already resharded by the caller); collective: every rank calls it."""
+        self._refuse_partition_groups("load_sharded_state_dict")
         load_sharded_state(self, tensors, meta)
+
+    def _refuse_partition_groups(self, what: str) -> None:
+        """The "ds-flat-shard/1" format holds one partitioning of every group over one world."""
+        if self.partition_groups:
+            raise ZeroConfigError(
+                f"{what}: param groups {sorted(self.partition_groups)} are partitioned over their own process "
+                "groups (expert parameters), which the ds-flat-shard/1 format cannot describe; read the "
+                "state per parameter (local_optimizer_state, local_fp32_param) instead"
+            )
 
     def state_dict(self) -> dict:
         """Alias of ``sharded_state_dict`` as a dict ``{"tensors": ..., "meta": ...}``."""
@@ -368,6 +398,32 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
     def remove_hooks(self) -> None:
         """Detach the gradient hooks."""
         self._reducer.remove_hooks()
+
+
+def _check_partition_groups(
+    partition_groups: Mapping[int, ProcessGroup] | None,
+    optimizer: torch.optim.Optimizer,
+    process_group: ProcessGroup | None,
+) -> dict[int, ProcessGroup]:
+    """The param groups partitioned over their own process group, checked: known indices, and subgroups of
+    ``process_group`` (their ranks' optimizers divide by its size and sum the norm over it)."""
+    chosen = {int(i): pg for i, pg in (partition_groups or {}).items() if pg is not None}
+    unknown = sorted(i for i in chosen if not 0 <= i < len(optimizer.param_groups))
+    if unknown:
+        raise ZeroConfigError(
+            f"partition_groups names param groups {unknown}, but the optimizer has "
+            f"{len(optimizer.param_groups)} (indices from 0)"
+        )
+    if chosen and dist.is_initialized():
+        dense = set(dist.get_process_group_ranks(process_group or dist.group.WORLD))
+        for i, pg in chosen.items():
+            ranks = set(dist.get_process_group_ranks(pg))
+            if not ranks <= dense:
+                raise ZeroConfigError(
+                    f"partition_groups[{i}] holds ranks {sorted(ranks - dense)} outside the data-parallel "
+                    "process group; a param group can only be partitioned over a subgroup of it"
+                )
+    return chosen
 
 
 def _accepts_lowp_params(optimizer: torch.optim.Optimizer) -> bool:
