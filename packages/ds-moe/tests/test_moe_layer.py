@@ -8,6 +8,7 @@ import pytest
 import torch
 from ds_moe import (
     MoE,
+    configure_moe_param_groups,
     is_moe_param,
     split_params_into_different_moe_groups_for_optimizer,
     top1_routes,
@@ -68,6 +69,22 @@ def test_expert_params_are_marked_and_split_into_their_own_groups():
     )
     assert [len(g["params"]) for g in groups] == [1, 4]
     assert groups[1]["moe"] and groups[1]["name"] == "ep_size_1" and groups[1]["lr"] == 0.1
+
+
+def test_config_optimizer_groups_are_deepspeeds():
+    """A config optimizer's parameters become DeepSpeed's groups: 'dense-params' and one per expert group;
+    groups already marked 'moe' are kept; unmarked groups are split."""
+    moe = MoE(4, torch.nn.Linear(4, 4), num_experts=2)
+    groups = configure_moe_param_groups(list(moe.parameters()))
+    assert [(g["name"], len(g["params"]), g.get("moe", False)) for g in groups] == [
+        ("dense-params", 1, False),
+        ("ep_size_1", 4, True),
+    ]
+    assert configure_moe_param_groups(groups) is groups
+    split = configure_moe_param_groups([{"params": list(moe.parameters()), "name": "all"}])
+    assert [len(g["params"]) for g in split] == [1, 4]
+    with pytest.raises(TypeError, match="Tensors or dicts"):
+        configure_moe_param_groups([1])
 
 
 def test_errors_name_the_fix():

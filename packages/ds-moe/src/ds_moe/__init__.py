@@ -11,6 +11,7 @@ from ._gate import Routes, top1_routes, top2_routes
 from ._grads import broadcast_experts, reduce_expert_gradients
 from ._layer import Experts, MoE, MOELayer, TopKGate
 from ._params import (
+    configure_moe_param_groups,
     has_moe_layers,
     is_moe_param,
     is_moe_param_group,
@@ -28,6 +29,7 @@ __all__ = [
     "TopKGate",
     "all_to_all",
     "broadcast_experts",
+    "configure_moe_param_groups",
     "has_moe_layers",
     "is_moe_param",
     "is_moe_param_group",

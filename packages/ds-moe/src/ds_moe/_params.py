@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "configure_moe_param_groups",
     "has_moe_layers",
     "is_moe_param",
     "is_moe_param_group",
@@ -101,3 +102,26 @@ def split_params_into_different_moe_groups_for_optimizer(
             for c in chunks or [[]]:
                 param_groups.append({**g, "params": c})
     return param_groups
+
+
+def configure_moe_param_groups(model_parameters: list) -> list:
+    """The groups DeepSpeed's engine gives a config optimizer of a model with MoE layers: a list of
+    parameters becomes one group named ``dense-params`` with its experts split off; a list of groups none of
+    which is marked ``moe`` is split; groups already marked are kept as they are."""
+    if not isinstance(model_parameters, list):
+        raise TypeError(f"model_parameters must be a list, not {type(model_parameters).__name__}")
+    for p in model_parameters:
+        if not isinstance(p, torch.Tensor | dict):
+            raise TypeError(
+                "param argument that would be given to the optimizer should be an iterable of Tensors or "
+                f"dicts, but got {type(p)}"
+            )
+    if not model_parameters:
+        return model_parameters
+    if isinstance(model_parameters[0], torch.Tensor):
+        return split_params_into_different_moe_groups_for_optimizer(
+            {"params": model_parameters, "name": "dense-params"}
+        )
+    if any("moe" in g for g in model_parameters):
+        return model_parameters
+    return split_params_into_different_moe_groups_for_optimizer(model_parameters)

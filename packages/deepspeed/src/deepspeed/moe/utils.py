@@ -1,6 +1,7 @@
 """DeepSpeed's ``deepspeed.moe.utils``: the expert-parameter helpers of ds_moe."""
 
 from ds_moe import (
+    configure_moe_param_groups,
     has_moe_layers,
     is_moe_param,
     is_moe_param_group,
@@ -10,6 +11,7 @@ from ds_moe import (
 )
 
 __all__ = [
+    "configure_moe_param_groups",
     "has_moe_layers",
     "is_moe_param",
     "is_moe_param_group",
