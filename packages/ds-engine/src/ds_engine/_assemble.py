@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import ds_checkpoint
+import ds_moe
 import ds_optim
 import ds_precision
 import ds_tpsp.tensor
@@ -106,6 +107,9 @@ def assemble(
 
     # 2. The optimizer exists before anything wraps it (the client's wins over the config's, as in DeepSpeed).
     params = list(model_parameters) if model_parameters is not None else list(model.parameters())
+    if moe is not None and optimizer is None and cfg.optimizer is not None:
+        # DeepSpeed gives a config optimizer of an MoE model its experts in groups of their own
+        params = ds_moe.configure_moe_param_groups(params)
     basic = _build_optimizer(cfg, params, optimizer, dp_group)
     if basic is None:  # an engine for evaluation (DeepSpeed's rules: ZeRO 1 and 2 need an optimizer)
         stage = cfg.zero_optimization.stage
@@ -129,6 +133,8 @@ def assemble(
     if cfg.amp.enabled:
         model, wrapped = ds_precision.amp_initialize(model, basic, cfg.amp)
     elif cfg.zero_optimization.stage in (1, 2):
+        # expert-parallel experts: partitioned and reduced over their expert-data-parallel group (_moe)
+        experts = moe.partition_groups(basic, cfg.zero_optimization.stage) if moe is not None else None
         wrapped = ds_zero.ZeroOptimizer.from_config(
             basic,
             cfg,
@@ -136,6 +142,7 @@ def assemble(
             scaler=scaler,
             param_names=names,
             model_parallel_group=mp_group,
+            partition_groups=experts,
         )
     elif cfg.zero_optimization.stage == 3:  # stage 3 also partitions the model: its hooks gather the weights
         wrapped = ds_zero.ZeroStage3Optimizer.from_config(
