@@ -1,8 +1,8 @@
 """A DeepSpeed-MoE script (integration/scripts/moe/moe_train.py) run unchanged by ds's ``deepspeed`` launcher
 at the session's world size (2 in CI, 4 in `integration(world_size=4)`): every case's per-rank losses and
 auxiliary losses (and, where DeepSpeed computed one, the global gradient norm) equal DeepSpeed 0.19.8's run
-of it (integration/fixtures/deepspeed_moe/, recorded by tools/fixtures/make_moe_fixtures.py), one launch per
-fixture of the world size: ``world<N>.json`` at ZeRO stage 0, ep 1, 2 (and 4), top-1 and top-2, with and
+of it (integration/fixtures/deepspeed_moe/, recorded by tools/fixtures/make_moe_fixtures.py), every fixture of
+the world size in one launch: ``world<N>.json`` at ZeRO stage 0, ep 1, 2 (and 4), top-1 and top-2, with and
 without token dropping; ``world<N>-zero.json`` at ZeRO stages 1 and 2 with expert parallelism (ep 2 at world
 2 and 4, ep 4 at world 4), fp32 and bf16, AdamW and SGD with clipping. The losses after the first step depend
 on the expert gradients being reduced over the expert-data-parallel group, at ZeRO on the experts being
@@ -44,22 +44,38 @@ def _run(world: int, script_args: list[str]) -> dict[str, list[dict]]:
     return cases
 
 
-@pytest.fixture(scope="module", params=["", "-zero"], ids=["stage0", "zero"])
-def runs(request) -> tuple[dict, dict]:
-    # the fixtures of this session's world size: world 2 (ep 1, 2) in CI, world 4 (ep 2, 4) in the 4-rank session
-    path = FIXTURES / f"world{world_size()}{request.param}.json"
-    if not path.exists():
+def _fixtures() -> list[dict]:
+    """The fixtures of this session's world size: world 2 in CI, world 4 in the 4-rank session."""
+    paths = [FIXTURES / f"world{world_size()}{suffix}.json" for suffix in ("", "-zero")]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+@pytest.fixture(scope="module")
+def runs() -> tuple[list[dict], dict]:
+    """Every case of every fixture of this world size in one launch (CI time: a launch is mostly start-up).
+    Each case builds its own model and engine from its own seeds, so a case gives the same numbers alone
+    (as recorded) or among others; the fixtures' own product flags (``--ep/--k/--drop``) name the same cases."""
+    fixtures = _fixtures()
+    if not fixtures:
         pytest.skip(
             f"DeepSpeed's MoE losses are recorded in {sorted(p.stem for p in FIXTURES.glob('world*.json'))}"
         )
-    fixture = json.loads(path.read_text())
-    return fixture, _run(fixture["world"], fixture["script_args"])
+    for f in fixtures:  # nothing but the choice of cases may differ between the fixtures' commands
+        flags = set(f["script_args"][::2])
+        assert flags in ({"--cases"}, {"--ep", "--k", "--drop"}), f["script_args"]
+    cases = [c for f in fixtures for c in f["cases"]]
+    return fixtures, _run(world_size(), ["--cases", ",".join(cases)])
 
 
 def test_losses_and_aux_losses_equal_deepspeeds(runs):
-    fixture, ours = runs
-    assert fixture["deepspeed_version"] == "0.19.8"
-    assert sorted(ours) == sorted(fixture["cases"])
+    fixtures, ours = runs
+    assert sorted(ours) == sorted(c for f in fixtures for c in f["cases"])
+    for fixture in fixtures:
+        assert fixture["deepspeed_version"] == "0.19.8" and fixture["world"] == world_size()
+        _compare(fixture, ours)
+
+
+def _compare(fixture: dict, ours: dict[str, list[dict]]) -> None:
     for case, theirs in fixture["cases"].items():
         assert len(ours[case]) == len(theirs), case
         tol = REL_TOL["bf16" if "-bf16" in case else "fp32"]
