@@ -230,6 +230,29 @@ def test_cpu_adam_state_round_trip_continues_identically():
     _assert_close([p.detach() for p in params], full, atol=1e-7)
 
 
+def test_cpu_adam_continues_from_a_state_whose_step_is_a_number():
+    """DeepSpeed's FusedAdam saves ``step`` as an int: loaded into CPUAdam (an imported DeepSpeed checkpoint),
+    the run goes on as from its own state."""
+    grads = _grads()
+    full, _ = _run(lambda ps: CPUAdam(ps, **HP), grads)
+    params = [torch.nn.Parameter(p.clone()) for p in _params()]
+    first = CPUAdam(params, **HP)
+    for step_grads in grads[:30]:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        first.step()
+    saved = first.state_dict()
+    for st in saved["state"].values():
+        st["step"] = int(st["step"])
+    second = CPUAdam(params, **HP)
+    second.load_state_dict(saved)
+    for step_grads in grads[30:]:
+        for p, g in zip(params, step_grads):
+            p.grad = g.clone()
+        second.step()
+    _assert_close([p.detach() for p in params], full, atol=1e-7)
+
+
 @pytest.mark.parametrize("wd", [0.0, 0.1])
 def test_lamb_matches_reference(wd):
     grads = _grads()

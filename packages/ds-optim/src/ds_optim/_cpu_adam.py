@@ -93,6 +93,15 @@ class CPUAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.fp32_optimizer_states = fp32_optimizer_states
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """As torch's Adam: a ``step`` loaded as a number (DeepSpeed's FusedAdam saves an int) becomes the
+        float32 tensor this optimizer's update takes."""
+        super().__setstate__(state)
+        for st in self.state.values():
+            step = st.get("step")
+            if step is not None and not torch.is_tensor(step):
+                st["step"] = torch.tensor(float(step), dtype=torch.float32)
+
     def _group_state(self, group: dict[str, Any]) -> tuple[list[torch.Tensor], ...]:
         params, grads, exp_avgs, exp_avg_sqs = [], [], [], []
         for p in group["params"]:
