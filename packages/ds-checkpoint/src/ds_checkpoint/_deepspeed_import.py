@@ -125,7 +125,9 @@ def _zero0_shard(model: dict[str, Any], path: Path, param_names: list[str] | Non
             shapes[name] = list(model["module"][name].shape)
             index += 1
         states = [osd["state"].get(i, {}) for i in pg["params"]]
-        meta = group_meta(shapes, pg, states[0].get("step", 0) if states else 0)
+        # the group's step count: torch's Adam gives it to every parameter; DeepSpeed's FusedAdam counts only
+        # in its group's last parameter (the others keep the count they were created with)
+        meta = group_meta(shapes, pg, max((plain(st.get("step", 0)) for st in states), default=0))
         meta["shard"] = [0, meta["numel"]]
         groups.append(meta)
         tensors[f"g{g}.master"] = torch.cat([model["module"][n].float().reshape(-1) for n in shapes])

@@ -11,6 +11,14 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     """A checkpoint directory or one of its files does not exist; the message names the path."""
 
 
+class CheckpointTagNotFoundError(CheckpointNotFoundError, AssertionError):
+    """The tag asked for (or named by ``latest``) has no checkpoint directory.
+
+    Also an ``AssertionError``, the class DeepSpeed raises there, so DeepSpeed-style ``except AssertionError``
+    code keeps working; the message names the missing directory.
+    """
+
+
 class CheckpointCorruptError(CheckpointError):
     """A checkpoint file is truncated, tampered with or unreadable; the message names the file."""
 

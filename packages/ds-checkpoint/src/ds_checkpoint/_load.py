@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ._errors import CheckpointCorruptError, CheckpointNotFoundError
+from ._errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointTagNotFoundError
 from ._format import (
     LATEST_FILE,
     MODEL_FILE,
@@ -43,7 +43,8 @@ def resolve_checkpoint(load_dir: str | os.PathLike, tag: str | None = None) -> P
     """The checkpoint directory for ``tag``, or for the tag in ``load_dir/latest`` when ``tag`` is None.
 
     Returns None (with a warning, as DeepSpeed does) when ``tag`` is None and there is no ``latest``.
-    Raises ``CheckpointNotFoundError`` when the chosen tag directory does not exist.
+    Raises ``CheckpointTagNotFoundError`` (a ``CheckpointNotFoundError`` and, as DeepSpeed's, an
+    ``AssertionError``) when the chosen tag directory does not exist.
     """
     load_dir = Path(load_dir)
     if tag is None:
@@ -68,7 +69,7 @@ def resolve_checkpoint(load_dir: str | os.PathLike, tag: str | None = None) -> P
             stacklevel=2,
         )
         return previous
-    raise CheckpointNotFoundError(f"checkpoint directory {path} does not exist")
+    raise CheckpointTagNotFoundError(f"checkpoint directory {path} does not exist")
 
 
 def covering_pieces(

@@ -45,6 +45,14 @@ def _one_pass_ok(tensors: list[torch.Tensor], lowp: torch.Tensor, dtypes: tuple[
     )
 
 
+def tensor_step(state: dict[str, Any]) -> None:
+    """Make a parameter's ``step`` the float32 tensor the update takes, when a load gave a number (DeepSpeed's
+    FusedAdam saves an int: an imported DeepSpeed checkpoint), as torch's Adam does when it loads one."""
+    step = state.get("step")
+    if step is not None and not torch.is_tensor(step):
+        state["step"] = torch.tensor(float(step), dtype=torch.float32)
+
+
 class CPUAdam(torch.optim.Optimizer):
     """Adam (``adamw_mode=False``: L2 added to the gradient) or AdamW (decoupled decay, the default).
 
@@ -93,15 +101,6 @@ class CPUAdam(torch.optim.Optimizer):
         super().__init__(params, defaults)
         self.fp32_optimizer_states = fp32_optimizer_states
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """As torch's Adam: a ``step`` loaded as a number (DeepSpeed's FusedAdam saves an int) becomes the
-        float32 tensor this optimizer's update takes."""
-        super().__setstate__(state)
-        for st in self.state.values():
-            step = st.get("step")
-            if step is not None and not torch.is_tensor(step):
-                st["step"] = torch.tensor(float(step), dtype=torch.float32)
-
     def _group_state(self, group: dict[str, Any]) -> tuple[list[torch.Tensor], ...]:
         params, grads, exp_avgs, exp_avg_sqs = [], [], [], []
         for p in group["params"]:
@@ -112,6 +111,7 @@ class CPUAdam(torch.optim.Optimizer):
             state = self.state[p]
             if not state:
                 state.update(self._new_state(p))
+            tensor_step(state)
             params.append(p)
             grads.append(p.grad)
             exp_avgs.append(state["exp_avg"])

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ds_optim._cpu_adam import CPUAdam
+from ds_optim._cpu_adam import CPUAdam, tensor_step
 
 __all__ = ["DeepSpeedCPUAdam", "FusedAdam"]
 
@@ -113,6 +113,7 @@ class DeepSpeedCPUAdam(CPUAdam):
         state = self.state[subgroup_id]
         if not state:
             state.update(self._new_state(p))
+        tensor_step(state)
         state["step"] += 1
         self._update(group, [p], [p.grad], [state["exp_avg"]], [state["exp_avg_sq"]], [state["step"]])
         return loss

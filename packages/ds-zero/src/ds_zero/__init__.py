@@ -12,7 +12,7 @@ mpirun (``_mpi.py``), else over shared memory when the ranks share a host (``_sh
 from ._aio import AioOptions, AsyncFileIO, IOHandle, aligned_empty
 from ._comm import AveragingRule
 from ._config_fields import CONFIG_FIELDS
-from ._errors import OptimizerStateKeyError, ZeroAssertionError, ZeroConfigError
+from ._errors import OptimizerStateKeyError, StateDictMismatchError, ZeroAssertionError, ZeroConfigError
 from ._fragments import ParamFragments, optimizer_of
 from ._layout import GroupLayout
 from ._memory import MemoryReport
@@ -53,6 +53,7 @@ __all__ = [
     "LossScalerProtocol",
     "MemoryReport",
     "OptimizerStateKeyError",
+    "StateDictMismatchError",
     "ParamFragments",
     "PartitionOnConstruction",
     "SHARD_FORMAT",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ZeroAssertionError", "ZeroConfigError"]
+__all__ = ["StateDictMismatchError", "ZeroAssertionError", "ZeroConfigError"]
 
 
 class ZeroConfigError(ValueError):
@@ -26,3 +26,25 @@ class OptimizerStateKeyError(ZeroConfigError, KeyError):
 
     def __str__(self) -> str:  # KeyError's would print the message quoted
         return str(self.args[0]) if self.args else ""
+
+
+class StateDictMismatchError(ZeroConfigError, RuntimeError):
+    """A strict load of a full state dict at stage 3 whose names differ from the module's.
+
+    Worded and typed as torch's ``Module.load_state_dict`` (a ``RuntimeError``, which DeepSpeed raises at every
+    stage), e.g. for a checkpoint saved with ``exclude_frozen_parameters=True`` loaded without
+    ``load_module_strict=False``.
+    """
+
+    def __init__(self, module: object, missing: list[str], unexpected: list[str]) -> None:
+        self.missing, self.unexpected = list(missing), list(unexpected)
+        msgs = []
+        if missing:
+            msgs.append("Missing key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in missing)))
+        if unexpected:
+            msgs.append(
+                "Unexpected key(s) in state_dict: {}. ".format(", ".join(f'"{k}"' for k in unexpected))
+            )
+        super().__init__(
+            "Error(s) in loading state_dict for {}:\n\t{}".format(type(module).__name__, "\n\t".join(msgs))
+        )

@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import _transport
 from .._comm import AveragingRule, ProcessGroup, group_rank, group_size
-from .._errors import ZeroConfigError
+from .._errors import StateDictMismatchError, ZeroConfigError
 from .._fragments import Fragment, ParamFragments, ParamSpan, attach_owner
 from .._options import check_step_options
 from .._partition import norm_ranges
@@ -101,7 +101,9 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         )
         params = self.params
         self.masters = offload.masters(params)
-        self.grad_parts = offload.grad_parts(params, [options.grad_accum_dtype or d for d in params.part_dtypes])
+        self.grad_parts = offload.grad_parts(
+            params, [options.grad_accum_dtype or d for d in params.part_dtypes]
+        )
         self.sub_groups = SubGroups(self.masters, view_size(optimizer, options.sub_group_size))
         for g, views in zip(optimizer.param_groups, self.sub_groups.views):
             g["params"] = views
@@ -379,7 +381,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         missing, unexpected = self.module.load_state_dict(rest, strict=False)
         missing = [n for n in missing if n not in managed and n not in state]
         if strict and (missing or unexpected):
-            raise ZeroConfigError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+            raise StateDictMismatchError(self.module, missing, unexpected)
 
     def empty_partition_cache(self) -> None:
         """DeepSpeed's ``empty_partition_cache``: free the gathered copies of every parameter not in use
