@@ -10,8 +10,6 @@ bf16, FSDP2 bf16). Each takes ``--warmup`` steps, ``--steps`` timed steps (devic
 and bookkeeping show here), and ``--steps`` steps under torch.profiler with each step's forward, backward
 and update marked ``phase/forward``, ``phase/backward``, ``phase/step``. It writes, per case: the phases,
 the top ops by self CPU time and (on CUDA) by self device time, with call counts over all profiled steps.
-(tools/profile_stage3.py, if present, is a CPU-side profile of stage 3 alone; this one compares cases and
-reads device time.)
 """
 
 from __future__ import annotations
