@@ -28,7 +28,6 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.offload_optimizer.ratio",
     "sparse_attention.mode",
     "data_types.grad_accum_dtype",  # sets bf16.grad_accum_dtype, or is refused (_rules.grad_accum_dtype)
-    "zero_optimization.zero_quantized_nontrainable_weights",  # refused when true (not available in ds)
     "tensor_parallel.tp.tp_size",  # checked against autotp_size (_rules.py)
     # elastic batch sizing: load_config derives the three batch sizes from them (_elasticity.py)
     "elasticity.enabled",

@@ -60,7 +60,8 @@ class Init(PartitionOnConstruction):
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
             raise ValueError(
                 "zero.Init: ds takes ZeRO++'s quantized weights from the config, not from zero.Init: set "
-                "zero_optimization.zero_quantized_weights instead of the flag (nontrainable: not in ds)"
+                "zero_optimization.zero_quantized_weights or zero_quantized_nontrainable_weights instead of "
+                "the flag"
             )
         for key, value in unsupported.items():
             if value not in (None, False):

@@ -35,9 +35,10 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "zero_optimization.stage3_max_live_parameters",
     "zero_optimization.stage3_max_reuse_distance",
     "zero_optimization.sub_group_size",
-    # ZeRO++ (stage3/_zeropp.py, _quant.py): hpZ, int8 weights, 4-bit gradients
+    # ZeRO++ (stage3/_zeropp.py, _quant.py, _frozen.py): hpZ, int8 weights, int8 frozen partitions, 4-bit gradients
     "zero_optimization.zero_hpz_partition_size",
     "zero_optimization.zero_quantized_weights",
+    "zero_optimization.zero_quantized_nontrainable_weights",
     "zero_optimization.zero_quantized_gradients",
     # NVMe optimizer offload at stage 3 (stage3/_swap.py, _aio.py)
     "zero_optimization.offload_optimizer.nvme_path",

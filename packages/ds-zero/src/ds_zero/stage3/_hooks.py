@@ -6,6 +6,9 @@
   module (autograd saved the parameter itself, whose data was released). A parameter is released
   when its gradient has been accumulated: every op that used it has run its backward by then.
   Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
+* a frozen parameter stored int8 (``_frozen``) gets no gradient: it is released once the gradient of
+  its module's inputs has been computed (a hook on each input that requires grad, registered by the
+  forward pre-hook), which needs the module's backward done; without such an input it waits for the end.
 * the end of each backward releases whatever is left (parameters that got no gradient).
 * a parameter a module's forward returns (DeepSpeed's "dangling" external parameter: the caller uses
   it, not the module that owns it) stays gathered until the whole model's forward ends, and is gathered
@@ -105,6 +108,19 @@ class GatherHooks:
         for s in slots:
             s.fwd_users += 1
         self.schedule.fetch(slots)
+        frozen = [s for s in slots if s.frozen is not None]
+        if frozen and torch.is_grad_enabled():
+            for t in _tensors(inputs):
+                if t.requires_grad and not isinstance(t, nn.Parameter):
+                    handle: list[Any] = []
+                    handle.append(t.register_hook(partial(self._inputs_done, frozen, handle)))
+
+    def _inputs_done(self, slots: list[ParamSlot], handle: list[Any], grad: torch.Tensor) -> None:
+        """The gradient of a module's input is complete: its frozen parameters can go (see the docstring)."""
+        handle.pop().remove()
+        for s in slots:
+            s.bwd_hold = False
+        self.schedule.release(slots)
 
     def _post_forward(
         self, slots: list[ParamSlot], leaf: bool, module: nn.Module, inputs: Any, output: Any

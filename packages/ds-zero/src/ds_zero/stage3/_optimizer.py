@@ -98,6 +98,9 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             swap=offload.param_swap,
             hpz=SecondaryGather(host_groups.hpz) if options.hpz_partition_size > 1 and self.dp > 1 else None,
             quantize_weights=options.quantized_weights,
+            nontrainable=[p for p in module.parameters() if not p.requires_grad]
+            if options.quantized_nontrainable_weights
+            else (),
         )
         params = self.params
         self.masters = offload.masters(params)
@@ -128,7 +131,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         # with model parallelism the norm also sums over the model-parallel group (docs/design.md §5)
         self.mp_group = model_parallel_group if group_size(model_parallel_group) > 1 else None
         self._norm_ranges = self._model_parallel_norm_ranges()
-        attach_owner((s.param for s in self.params.slots.values()), self)
+        attach_owner((s.param for s in self.params.slots.values() if s.frozen is None), self)
         release_freed_heap()  # the construction chunks and the move's temporaries (see _heap)
 
     @classmethod
@@ -240,7 +243,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
         mp_rank = group_rank(self.mp_group) if self.mp_group is not None else None
         spans: list[list[tuple[nn.Parameter, int, int]]] = [[] for _ in range(len(self.grad_parts))]
         for s in self.params.slots.values():
-            spans[s.group].append((s.param, s.start, s.end))
+            if s.frozen is None:
+                spans[s.group].append((s.param, s.start, s.end))
         return [
             norm_ranges(spans[g], self.params.layouts[g].partition_range(self.rank), mp_rank)
             for g in range(len(self.grad_parts))
@@ -257,7 +261,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     # ------------------------------------------------------------------ one parameter (ParamFragments)
     def _span(self, param: nn.Parameter) -> ParamSpan:
         slot = self.params.slot(param)
-        if slot is None:
+        if slot is None or slot.frozen is not None:
             raise ZeroConfigError(
                 "this ZeRO-3 optimizer does not train that parameter (frozen, or another model's)"
             )
@@ -346,7 +350,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
 
     def fp32_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained parameters' full fp32 values, gathered from the masters (collective)."""
-        slots = list(self.params.slots.values())
+        slots = [s for s in self.params.slots.values() if s.frozen is None]
         with self._resident_masters(write=False) as masters:
             values = self.params.gather_values(slots, masters, torch.float32)
         return {s.name: v.cpu() for s, v in zip(slots, values)}

@@ -53,6 +53,7 @@ CONFIG_FIELDS_STAGE3: tuple[str, ...] = (
     "bf16.grad_accum_dtype",
     "zero_optimization.zero_hpz_partition_size",
     "zero_optimization.zero_quantized_weights",
+    "zero_optimization.zero_quantized_nontrainable_weights",
     "zero_optimization.zero_quantized_gradients",
 )
 
@@ -109,6 +110,7 @@ class Stage3Options:
     grad_accum_dtype: torch.dtype | None = None
     hpz_partition_size: int = 1  # ZeRO++ hpZ: secondary partitions inside groups of this many ranks
     quantized_weights: bool = False  # ZeRO++ qwZ: int8 weights on the gather
+    quantized_nontrainable_weights: bool = False  # frozen parameters stored as int8 partitions (``_frozen``)
     quantized_gradients: bool = False  # ZeRO++ qgZ: 4-bit hierarchical gradient reduction
 
     @classmethod
@@ -167,5 +169,6 @@ class Stage3Options:
             grad_accum_dtype=grad_accum_dtype(config),
             hpz_partition_size=int(zero.zero_hpz_partition_size),
             quantized_weights=bool(zero.zero_quantized_weights),
+            quantized_nontrainable_weights=bool(zero.zero_quantized_nontrainable_weights),
             quantized_gradients=bool(zero.zero_quantized_gradients),
         )

@@ -31,7 +31,8 @@ from torch import nn
 from .. import _transport
 from .._comm import ProcessGroup, broadcast_async, global_rank, group_rank, group_size
 from .._layout import GroupLayout
-from ._construct import forget_construction, full_value, source_shape
+from ._construct import forget_construction, full_value, is_constructed_partitioned, source_shape
+from ._frozen import FrozenPart, launch_frozen_gather
 from ._param_swap import ParamSwap
 from ._quant import WEIGHT_BITS, WEIGHT_BLOCK, dequantize, payload_bytes, quantize
 from ._status import ZeroParamStatus, mark, set_status
@@ -58,6 +59,7 @@ class ParamSlot:
     gathered: bool = False
     home: torch.Tensor | None = None  # the full tensor while gathered; its storage is empty when released
     secondary: torch.Tensor | None = None  # hpZ: this rank's chunk of the value last gathered (``_zeropp``)
+    frozen: FrozenPart | None = None  # a frozen parameter stored int8 (``_frozen``); its group is -1
 
     @property
     def numel(self) -> int:
@@ -73,6 +75,10 @@ class PartitionedParams:
     buffers. ``on_write(g, lo, hi)`` is called after elements ``[lo, hi)`` of the partition were
     overwritten from outside a step (a load, a ``GatheredParameters`` modification), so the owner of the
     fp32 masters can copy them.
+
+    ``nontrainable``: frozen parameters to keep as int8 partitions of their own (``_frozen``,
+    ``zero_quantized_nontrainable_weights``); their slots have group -1 and are in no layout. Those of at
+    most ``persistence_threshold`` elements stay whole in their dtype, unmanaged.
     """
 
     def __init__(
@@ -87,6 +93,7 @@ class PartitionedParams:
         swap: ParamSwap | None = None,
         hpz: SecondaryGather | None = None,
         quantize_weights: bool = False,
+        nontrainable: Sequence[nn.Parameter] = (),
     ) -> None:
         self.process_group = process_group
         self.hpz = hpz  # zero_hpz_partition_size: gathers from the secondary partitions when they are valid
@@ -115,6 +122,9 @@ class PartitionedParams:
         self.persistent_numel = 0
         for g, params in enumerate(groups):
             self._partition_group(g, params, names, partition_device)
+        for p in nontrainable:
+            if id(p) not in self.slots:
+                self._partition_frozen(p, names, partition_device)
 
     # ------------------------------------------------------------------ setup
     def _partition_group(
@@ -165,6 +175,25 @@ class PartitionedParams:
         self.part_numels.append(layout.partition_numel)
         self.part_dtypes.append(dtype)
         self.compute_devices.append(device)
+
+    def _partition_frozen(self, p: nn.Parameter, names: dict[int, str], device: torch.device | None) -> None:
+        """Keep ``p`` (frozen) as this rank's int8 chunk of it, or whole when it persists."""
+        shape, was_cut = source_shape(p), is_constructed_partitioned(p)
+        full = full_value(p).reshape(-1)  # collective if cut at construction
+        forget_construction(p)
+        if self._persists(shape.numel()):
+            if was_cut:
+                p.data = full.view(shape)
+                mark(p, shape, p.data, whole=True)
+            return
+        part = FrozenPart.cut(full, self.dp, self.rank, device or p.device)
+        del full
+        slot = ParamSlot(p, names.get(id(p), f"frozen{len(self.slots)}"), -1, -1, 0, shape.numel(), shape,
+                         persistent=False, frozen=part)  # fmt: skip
+        self.slots[id(p)] = slot
+        p.ds_stage3 = self
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        mark(p, shape, part.values, whole=False)
 
     # ------------------------------------------------------------------ the partitions
     @property
@@ -251,7 +280,25 @@ class PartitionedParams:
                 set_status(s.param, ZeroParamStatus.AVAILABLE)
 
     def _launch_fetch(self, todo: list[ParamSlot], homes: list[torch.Tensor], exact: bool) -> list:
-        """The works of a fetch: secondary partitions where valid (hpZ), the primary ones for the rest."""
+        """The works of a fetch: the int8 partitions of frozen parameters (``_frozen``), secondary
+        partitions where valid (hpZ), the primary ones for the rest."""
+        frozen = [(s, h) for s, h in zip(todo, homes) if s.frozen is not None]
+        if frozen:
+            rest = [(s, h) for s, h in zip(todo, homes) if s.frozen is None]
+            todo, homes = [s for s, _ in rest], [h for _, h in rest]
+        return self._launch_frozen(frozen) + self._launch_trainable(todo, homes, exact)
+
+    def _launch_frozen(self, pairs: list[tuple[ParamSlot, torch.Tensor]]) -> list:
+        """Gather frozen slots into their flat outs (one all-gather of int8 payloads)."""
+        if not pairs:
+            return []
+        if self.dp > 1:
+            self.gather_calls += 1
+            self.gathered_numel += sum(s.numel for s, _ in pairs)
+        parts = [s.frozen for s, _ in pairs if s.frozen is not None]
+        return launch_frozen_gather(parts, [h for _, h in pairs], self.process_group, self.dp)
+
+    def _launch_trainable(self, todo: list[ParamSlot], homes: list[torch.Tensor], exact: bool) -> list:
         quantize_weights = self.quantize_weights and not exact
         if self.hpz is None or exact or self.dp == 1:
             return self._launch_gather(todo, None, homes, quantize_weights=quantize_weights)
@@ -281,7 +328,12 @@ class PartitionedParams:
         masters), or the weight partitions themselves (None)."""
         order = sorted(slots, key=lambda s: (s.group, s.start))
         bufs = {id(s): torch.empty(s.numel, dtype=dtype, device=s.param.device) for s in order}
-        for w in self._launch_gather(order, sources, [bufs[id(s)] for s in order]):
+        frozen = [s for s in order if s.frozen is not None]
+        if frozen and sources is not None:
+            raise ValueError(f"{frozen[0].name} is frozen: it has no partition in {dtype} sources")
+        order = [s for s in order if s.frozen is None]
+        works = self._launch_frozen([(s, bufs[id(s)]) for s in frozen])
+        for w in works + self._launch_gather(order, sources, [bufs[id(s)] for s in order]):
             w.wait()
         return [bufs[id(s)].view(s.shape) for s in slots]
 
@@ -417,6 +469,12 @@ class PartitionedParams:
 
     def write_back(self, slot: ParamSlot, full: torch.Tensor) -> None:
         """Copy this rank's part of the full value ``full`` into its partition (and tell ``on_write``)."""
+        if slot.frozen is not None:  # quantized again; no master to tell
+            slot.frozen.write(full.detach())
+            self.settle([slot])
+            if slot.gathered and full.data_ptr() != slot.param.data_ptr():
+                slot.param.data.copy_(full.reshape(slot.shape))
+            return
         layout = self.layouts[slot.group]
         ps, pe = layout.partition_range(self.rank)
         lo, hi = max(slot.start, ps), min(slot.end, pe)

@@ -111,7 +111,8 @@ def load_sharded(
 def _slots_by_group(params: PartitionedParams) -> list[list]:
     out: list[list] = [[] for _ in params.layouts]
     for s in params.slots.values():
-        out[s.group].append(s)
+        if s.frozen is None:  # frozen parameters (``_frozen``) have no place in the groups
+            out[s.group].append(s)
     for slots in out:
         slots.sort(key=lambda s: s.start)
     return out

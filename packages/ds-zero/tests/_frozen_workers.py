@@ -1,0 +1,147 @@
+"""Workers of the quantized frozen-weights test: a LoRA-style model (frozen base, trainable low-rank
+adapters) on 2 gloo ranks, built from a config with ``zero_quantized_nontrainable_weights`` off and on.
+
+Each run measures, on its rank: the bytes of the stored partitions of the frozen parameters (their real
+tensors' storages), every live CPU tensor storage after wrapping, the collectives on the wire
+(``_zeropp_workers.Wire``), a frozen weight as the forward saw it, and the losses.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from _zeropp_workers import Wire, batch
+from ds_config import load_config
+from ds_zero import ZeroStage3Optimizer
+from rank_testing.memory import live_storage_bytes
+from torch import nn
+
+VOCAB, WIDTH, RANK, MB, STEPS = 32, 64, 4, 4, 6
+
+
+class LoRALinear(nn.Module):
+    """A frozen linear layer plus a trainable low-rank update (``up`` starts at zero, as LoRA's B)."""
+
+    def __init__(self, n_in: int, n_out: int) -> None:
+        super().__init__()
+        self.base = nn.Linear(n_in, n_out)
+        self.down = nn.Linear(n_in, RANK, bias=False)
+        self.up = nn.Linear(RANK, n_out, bias=False)
+        nn.init.zeros_(self.up.weight)
+        self.base.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.up(self.down(x))
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(VOCAB, WIDTH)
+        self.l1 = LoRALinear(WIDTH, 4 * WIDTH)
+        self.l2 = LoRALinear(4 * WIDTH, WIDTH)
+        self.head = LoRALinear(WIDTH, VOCAB)
+        self.emb.requires_grad_(False)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.emb(idx)
+        h = h + self.l2(torch.relu(self.l1(h)))
+        return self.head(h)
+
+
+def config(quantized: bool) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": MB,
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_prefetch_bucket_size": 0,
+            "stage3_max_reuse_distance": 0,
+            "zero_quantized_nontrainable_weights": quantized,
+        },
+    }
+
+
+def _stored_bytes(model: nn.Module) -> tuple[int, int, set[str]]:
+    """Bytes of the storages holding the frozen parameters at rest, their elements, their dtypes."""
+    nbytes, numel, dtypes = 0, 0, set()
+    for p in model.parameters():
+        if p.requires_grad:
+            continue
+        held = p.ds_tensor if p.data.numel() == 0 else p.data  # partitioned, or whole
+        nbytes += held.untyped_storage().nbytes()
+        numel += held.numel()
+        dtypes.add(str(held.dtype))
+    return nbytes, numel, dtypes
+
+
+def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) -> dict:
+    torch.manual_seed(0)
+    model = Net().to(dtype)
+    original = model.l1.base.weight.detach().clone()
+    whole_bytes = _stored_bytes(model)[0]  # before wrapping: every frozen parameter whole, in its dtype
+    before = live_storage_bytes()
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    zero = ZeroStage3Optimizer.from_config(model, opt, load_config(config(quantized), world_size=world))
+    del opt
+    live = live_storage_bytes() - before - original.untyped_storage().nbytes()
+    stored, owned, dtypes = _stored_bytes(model)
+    seen: list[torch.Tensor] = []
+    whole_in_backward: list[list[str]] = []  # frozen parameters whole when backward reaches l1's output
+
+    def whole_frozen(grad: torch.Tensor) -> None:
+        whole_in_backward.append(
+            [n for n, p in model.named_parameters() if not p.requires_grad and p.data.numel()]
+        )
+
+    hooks = [
+        model.l1.base.register_forward_pre_hook(lambda m, i: seen.append(m.weight.detach().clone())),
+        model.l1.register_forward_hook(lambda m, i, o: o.register_hook(whole_frozen) and None),
+    ]
+    wire, losses = Wire(), []
+    with wire.record():
+        for step in range(steps):
+            x, y = batch(step, world)
+            mine = slice(rank * MB, (rank + 1) * MB)
+            wire.phase = "forward"
+            out = model(x[mine]).float()
+            loss = nn.functional.cross_entropy(out.reshape(-1, VOCAB), y[mine].reshape(-1))
+            wire.phase = "backward"
+            zero.backward(loss)
+            wire.phase = "step"
+            zero.step()
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            losses.append(total.item() / world)
+    for h in hooks:
+        h.remove()
+    state = zero.module_state_dict()
+    return {
+        "losses": losses,
+        "calls": wire.calls,
+        "whole_bytes": whole_bytes,
+        "stored_bytes": stored,
+        "stored_numel": owned,
+        "stored_dtypes": dtypes,
+        "frozen_numel": sum(
+            getattr(p, "ds_numel", p.numel()) for p in model.parameters() if not p.requires_grad
+        ),
+        "live_bytes": live,
+        "element_size": torch.empty(0, dtype=dtype).element_size(),
+        "forward_weight_error": (seen[0].float() - original.float()).abs().max().item(),
+        "forward_weight_scale": original.float().abs().max().item(),
+        "forward_weight": seen[0].float(),
+        "forward_weight_changed": not torch.equal(seen[0], seen[-1]),
+        "state_weight": state["l1.base.weight"].float(),
+        "trainable_part_dtypes": [str(d) for d in zero.params.part_dtypes],
+        "whole_in_backward": whole_in_backward[0],
+        "frozen_released": all(p.data.numel() == 0 for p in model.parameters() if not p.requires_grad),
+    }
+
+
+def main(rank: int, world: int) -> dict:
+    return {
+        "off": run(rank, world, False, torch.float32, STEPS),
+        "on": run(rank, world, True, torch.float32, STEPS),
+        "bf16_on": run(rank, world, True, torch.bfloat16, 1),
+    }

@@ -1,0 +1,97 @@
+"""``zero_quantized_nontrainable_weights`` on 2 gloo ranks: a LoRA-style model (frozen base, trainable
+adapters) built from a config with the key off and on (``_frozen_workers``).
+
+The effect is observed on the real tensors: the storages of the frozen parameters at rest (int8 partitions,
+about one byte per owned element against fp32's four and bf16's two), every live tensor storage, the
+collectives on the wire (the int8 partitions are what is all-gathered), the weight the forward computes
+with (the dequantized value, the same on every rank) and the losses, within DeepSpeed's ZeRO++ tolerance
+(its convergence test: the quantized run's loss below 1.1x the baseline's). DeepSpeed 0.19.8 cannot run
+this path on CPU (its quantizer op has no CPU implementation), so there is no DeepSpeed fixture.
+"""
+
+from __future__ import annotations
+
+import _frozen_workers as w
+import pytest
+import torch
+from rank_testing import spawn
+
+
+@pytest.fixture(scope="module")
+def runs() -> list[dict]:
+    return spawn(w.main, 2, timeout_s=600, env={"DS_ZERO_COLLECTIVES": "torch"})
+
+
+def _frozen_gathers(run: dict, phase: str) -> list[dict]:
+    return [c for c in run["calls"] if c["phase"] == phase and c["op"] == "all_gather"]
+
+
+@pytest.mark.parametrize("case", ["on", "bf16_on"])
+def test_frozen_partitions_are_int8_at_a_quarter_of_fp32_and_half_of_bf16(runs, case):
+    for r in runs:
+        q = r[case]
+        assert q["stored_dtypes"] == {"torch.int8"}
+        # each rank keeps its half of the frozen elements (padding included), about one byte each
+        assert q["frozen_numel"] / 2 <= q["stored_numel"] < q["frozen_numel"] / 2 + 100
+        per_element = q["stored_bytes"] / q["stored_numel"]
+        assert 1.0 <= per_element < 1.01, per_element  # int8 + one fp32 scale per block of 2048
+        assert per_element / q["element_size"] < (0.26 if case == "on" else 0.51)  # fp32's 4 bytes, bf16's 2
+        # against the same parameters whole before wrapping (as ds keeps them without the key)
+        assert q["whole_bytes"] == q["frozen_numel"] * q["element_size"]
+        assert q["stored_bytes"] < q["whole_bytes"] / (2 * q["element_size"]) * 1.01
+
+
+def test_the_key_saves_in_live_storage_what_the_frozen_storages_save(runs):
+    for r in runs:
+        q, plain = r["on"], r["off"]
+        assert plain["stored_dtypes"] == {"torch.float32"} and plain["stored_bytes"] == q["whole_bytes"]
+        # every live tensor storage: no full-precision copy of a frozen parameter is left anywhere
+        saved = plain["live_bytes"] - q["live_bytes"]
+        assert saved > 0.8 * plain["stored_bytes"]
+        assert abs(saved - (plain["stored_bytes"] - q["stored_bytes"])) <= 0.01 * plain["stored_bytes"]
+
+
+def test_frozen_int8_partitions_are_what_is_all_gathered(runs):
+    for r in runs:
+        q, plain = r["on"], r["off"]
+        assert not _frozen_gathers(plain, "forward")  # without the key frozen parameters are never gathered
+        gathers = _frozen_gathers(q, "forward")
+        assert {c["dtype"] for c in gathers} == {"torch.uint8"}
+        # each forward sends this rank's stored payloads once: the int8 values and their scales
+        assert sum(c["bytes"] for c in gathers) == w.STEPS * q["stored_bytes"]
+
+        # trainable parameters are untouched: the same collectives, dtype and bytes as without the key
+        def trainable(run: dict) -> list[tuple]:
+            return [(c["op"], c["dtype"], c["bytes"]) for c in run["calls"] if c["op"] != "all_gather"]
+
+        assert trainable(q) == trainable(plain)
+        assert q["trainable_part_dtypes"] == plain["trainable_part_dtypes"] == ["torch.float32"]
+
+
+def test_forward_computes_with_the_dequantized_weights_on_every_rank(runs):
+    for r in runs:
+        q, plain = r["on"], r["off"]
+        assert plain["forward_weight_error"] == 0.0
+        # within half a quantization step of the block's largest magnitude, and not exact
+        assert 0 < q["forward_weight_error"] <= q["forward_weight_scale"] / 127 / 2 * 1.001
+        assert not q["forward_weight_changed"]  # frozen: the same value every step
+        assert torch.equal(q["state_weight"], q["forward_weight"])  # module_state_dict: the stored value
+    assert torch.equal(runs[0]["on"]["forward_weight"], runs[1]["on"]["forward_weight"])
+
+
+def test_frozen_parameters_are_released_once_their_modules_backward_is_done(runs):
+    for r in runs:
+        # when the gradient reaches l1's output, l2's and the head's backward are over: their frozen weights
+        # (gathered again for the input gradients) are released, none is left whole
+        assert r["on"]["whole_in_backward"] == []
+        assert r["on"]["frozen_released"]
+        assert len(r["off"]["whole_in_backward"]) == 7  # without the key they are whole all along
+
+
+def test_losses_within_deepspeeds_tolerance(runs):
+    plain, quant = runs[0]["off"]["losses"], runs[0]["on"]["losses"]
+    assert runs[1]["on"]["losses"] == quant
+    assert quant != plain, "quantization changes the frozen values"
+    assert sum(plain[1:]) / (len(plain) - 1) < 0.95 * plain[0], "the adapters learn"
+    assert sum(quant[-3:]) / 3 < 1.1 * sum(plain[-3:]) / 3  # DeepSpeed's bound
+    assert max(abs(q - p) / p for q, p in zip(quant, plain)) < 0.01
