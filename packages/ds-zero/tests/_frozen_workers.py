@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from _zeropp_workers import Wire, batch
 from ds_config import load_config
-from ds_zero import ZeroStage3Optimizer
+from ds_zero import StateDictMismatchError, ZeroStage3Optimizer
 from rank_testing.memory import live_storage_bytes
 from torch import nn
 
@@ -116,6 +116,12 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
     for h in hooks:
         h.remove()
     state = zero.module_state_dict()
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    try:  # a checkpoint saved without the frozen weights (exclude_frozen_parameters), loaded strictly
+        zero.load_module_state_dict({k: v for k, v in state.items() if k not in frozen})
+        missing = []
+    except StateDictMismatchError as e:
+        missing = sorted(e.missing)
     return {
         "losses": losses,
         "calls": wire.calls,
@@ -135,6 +141,7 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
         "state_weight": state["l1.base.weight"].float(),
         "trainable_part_dtypes": [str(d) for d in zero.params.part_dtypes],
         "whole_in_backward": whole_in_backward[0],
+        "strict_load_missing": missing,
         "frozen_released": all(p.data.numel() == 0 for p in model.parameters() if not p.requires_grad),
     }
 

@@ -76,6 +76,11 @@ def test_forward_computes_with_the_dequantized_weights_on_every_rank(runs):
         assert 0 < q["forward_weight_error"] <= q["forward_weight_scale"] / 127 / 2 * 1.001
         assert not q["forward_weight_changed"]  # frozen: the same value every step
         assert torch.equal(q["state_weight"], q["forward_weight"])  # module_state_dict: the stored value
+        # a strict load without the frozen weights names them missing, as when they are whole
+        assert (
+            q["strict_load_missing"] == plain["strict_load_missing"]
+            and len(plain["strict_load_missing"]) == 7
+        )
     assert torch.equal(runs[0]["on"]["forward_weight"], runs[1]["on"]["forward_weight"])
 
 
