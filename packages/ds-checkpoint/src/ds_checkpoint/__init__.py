@@ -15,6 +15,7 @@ from ._errors import (
     TagValidationError,
 )
 from ._export import export_fp32, fp32_state_dict
+from ._format import expert_file
 from ._load import LoadedState, load_state, read_shard, resolve_checkpoint
 from ._save import save_state, validate_tag
 from .activation import (
@@ -54,6 +55,7 @@ __all__ = [
     "clone_tensors_for_torch_save",
     "ShardFormatError",
     "TagValidationError",
+    "expert_file",
     "export_fp32",
     "fp32_state_dict",
     "load_deepspeed",

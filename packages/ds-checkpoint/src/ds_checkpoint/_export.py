@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ._errors import CheckpointNotFoundError
-from ._format import DTYPE_NAMES, META_FILE, MODEL_FILE
+from ._format import DTYPE_NAMES, META_FILE
 from ._load import LoadedState, load_state
 
 
@@ -25,7 +25,8 @@ def _open(ckpt: str | os.PathLike, tag: str | None) -> LoadedState:
 
 
 def _plan(state: LoadedState) -> list[tuple[str, list[int], torch.dtype, tuple]]:
-    """(name, shape, dtype, source) per output tensor; parameters from the fp32 master shards."""
+    """(name, shape, dtype, source) per output tensor; parameters from the fp32 master shards (an MoE
+    model's experts under their global expert index), the rest from the weight files."""
     plan = []
     covered = set()
     for g, group in enumerate(state.optimizer_groups):
@@ -35,13 +36,11 @@ def _plan(state: LoadedState) -> list[tuple[str, list[int], torch.dtype, tuple]]
             numel = torch.Size(p["shape"]).numel()
             plan.append((p["name"], p["shape"], torch.float32, ("master", g, p["offset"], numel)))
             covered.add(p["name"])
-    if MODEL_FILE in state.meta["files"]:
-        model = state.file(MODEL_FILE)
-        for name in model.names():
-            if name not in covered:  # buffers, frozen parameters, or no optimizer state at all
-                dtype, shape = model.info(name)
-                out_dtype = torch.float32 if dtype.is_floating_point else dtype
-                plan.append((name, shape, out_dtype, ("model", name)))
+    for name, file in state.model_index().items():  # model.safetensors and the per-expert files
+        if name not in covered:  # buffers, frozen parameters, or no optimizer state at all
+            dtype, shape = state.file(file).info(name)
+            out_dtype = torch.float32 if dtype.is_floating_point else dtype
+            plan.append((name, shape, out_dtype, ("model", file, name)))
     return plan
 
 
@@ -50,7 +49,7 @@ def _read(state: LoadedState, source: tuple) -> torch.Tensor:
     if source[0] == "master":
         _, g, start, numel = source
         return state.read_shard(g, start, start + numel, states=("master",))["master"]
-    return state.file(MODEL_FILE).tensor(source[1]).reshape(-1)
+    return state.file(source[1]).tensor(source[2]).reshape(-1)
 
 
 def fp32_state_dict(ckpt: str | os.PathLike, tag: str | None = None) -> dict[str, torch.Tensor]:

@@ -53,6 +53,23 @@ def rng_file(rank: int) -> str:
     return f"rng_rank{rank:05d}.safetensors"
 
 
+def expert_file(layer: int, expert: int) -> str:
+    """File name of one expert's weights: MoE layer ``layer`` (the order of the MoE layers in the model),
+    global expert index ``expert`` (DeepSpeed's ``layer_{i}_expert_{j}_mp_rank_00_model_states.pt``)."""
+    return f"layer_{layer}_expert_{expert}.safetensors"
+
+
+def check_model_file_name(name: str) -> None:
+    """A weight file besides ``model.safetensors`` must be a plain ``*.safetensors`` name that no other file
+    of the format uses."""
+    reserved = name in (MODEL_FILE, STATE_FILE) or name.startswith(("optim_rank", "rng_rank"))
+    if reserved or not name.endswith(".safetensors") or "/" in name or os.sep in name or name.startswith("."):
+        raise ValueError(
+            f"weight file name {name!r}: expected a plain '*.safetensors' name, not {MODEL_FILE!r}, "
+            f"{STATE_FILE!r}, 'optim_rank*' or 'rng_rank*'"
+        )
+
+
 # ----------------------------------------------------------------------------------------- writing
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)

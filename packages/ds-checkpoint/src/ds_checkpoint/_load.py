@@ -13,7 +13,12 @@ from typing import Any
 
 import torch
 
-from ._errors import CheckpointCorruptError, CheckpointNotFoundError, CheckpointTagNotFoundError
+from ._errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointNotFoundError,
+    CheckpointTagNotFoundError,
+)
 from ._format import (
     LATEST_FILE,
     MODEL_FILE,
@@ -136,6 +141,36 @@ class LoadedState:
         return self._files[name]
 
     @property
+    def model_files(self) -> list[str]:
+        """The files holding the model's weights: ``model.safetensors`` and any per-expert files."""
+        if "model_files" in self.meta:
+            return list(self.meta["model_files"])
+        return [MODEL_FILE] if MODEL_FILE in self.meta["files"] else []
+
+    def model_index(self) -> dict[str, str]:
+        """Every saved weight's name -> the file holding it (reads only the files' headers)."""
+        index: dict[str, str] = {}
+        for name in self.model_files:
+            for tensor in self.file(name).names():
+                if tensor in index:
+                    raise CheckpointCorruptError(
+                        f"{self.path}: weight {tensor!r} is in both {index[tensor]} and {name}"
+                    )
+                index[tensor] = name
+        return index
+
+    def read_model(self, names: Sequence[str] | None = None) -> dict[str, torch.Tensor]:
+        """The saved weights named in ``names`` (None: all of them), reading only the files that hold them.
+        A name the checkpoint does not hold raises ``KeyError``."""
+        index = self.model_index()
+        if names is None:
+            names = list(index)
+        missing = [n for n in names if n not in index]
+        if missing:
+            raise KeyError(f"{self.path} holds no weights {missing[:8]}{' ...' if len(missing) > 8 else ''}")
+        return {n: self.file(index[n]).tensor(n) for n in names}
+
+    @property
     def optimizer_groups(self) -> list[dict[str, Any]]:
         """The saved groups' metadata (numel, params, hparams, scalars); empty without optimizer state."""
         opt = self.meta.get("optimizer")
@@ -194,6 +229,59 @@ class LoadedState:
                 tensors[f"g{g}.{state}"] = t
         return tensors, meta
 
+    def optimizer_shard_by_name(
+        self, layout: dict[str, Any], saved_name: Callable[[str], str] | None = None
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """This rank's optimizer state for a layout whose parameters sit elsewhere than at save time.
+
+        ``layout`` is a ``ds-flat-shard/1`` meta of the loading optimizer (its groups' ``numel``, ``shard``
+        and ``params`` with name, shape and offset; group g matches the checkpoint's group g). Each parameter
+        is found in the saved group by name (``saved_name`` maps a loading name to the saved one, e.g. a
+        local expert index to the global one) and the part of it inside the layout's shard is read; elements
+        of the shard outside every parameter (padding) are zero. The result is in ``layout``'s partitioning
+        with the saved options, scalars and per-parameter entries.
+        """
+        opt = self.meta.get("optimizer")
+        if not opt:
+            raise CheckpointCorruptError(f"{self.path} holds no optimizer state")
+        saved_groups = opt["groups"]
+        if len(layout["groups"]) != len(saved_groups):
+            raise CheckpointError(
+                f"{self.path} holds {len(saved_groups)} optimizer parameter groups, the optimizer has "
+                f"{len(layout['groups'])}: build the optimizer with the same groups"
+            )
+        rename = saved_name or (lambda n: n)
+        tensors: dict[str, torch.Tensor] = {}
+        groups = []
+        for g, (target, saved) in enumerate(zip(layout["groups"], saved_groups, strict=True)):
+            by_name = {p["name"]: p for p in saved["params"]}
+            start, end = (int(x) for x in target["shard"])
+            pieces = []  # (destination start, source start, length): this shard's part of each parameter
+            params = []
+            for p in target["params"]:
+                name = rename(p["name"])
+                entry = by_name.get(name)
+                numel = torch.Size(p["shape"]).numel()
+                if entry is None or torch.Size(entry["shape"]).numel() != numel:
+                    found = "not there" if entry is None else f"of shape {entry['shape']}"
+                    raise CheckpointError(
+                        f"{self.path}: parameter {p['name']!r} (saved as {name!r}, shape {p['shape']}) is "
+                        f"{found} in the checkpoint's optimizer group {g}: the model differs from the saved one"
+                    )
+                params.append({**entry, "name": p["name"], "shape": list(p["shape"]), "offset": p["offset"]})
+                lo, hi = max(start, p["offset"]), min(end, p["offset"] + numel)
+                if lo < hi:
+                    pieces.append((lo - start, entry["offset"] + lo - p["offset"], hi - lo))
+            for state in opt["tensors"]:
+                first = self.read_shard(g, 0, 0, states=(state,))[state]
+                flat = torch.zeros(end - start, dtype=first.dtype)
+                for dst, src, n in pieces:
+                    flat[dst : dst + n] = self.read_shard(g, src, src + n, states=(state,))[state]
+                tensors[f"g{g}.{state}"] = flat
+            groups.append({**saved, "numel": target["numel"], "shard": [start, end], "params": params})
+        meta = {**layout, "format": SHARD_FORMAT, "groups": groups, "extra": opt["extra"]}
+        return tensors, meta
+
     def restore_rng(self, rank: int) -> bool:
         """Restore this process's RNG states from the ones saved by ``rank``; False if none were saved."""
         if rank not in self.meta.get("rng_ranks", []):
@@ -242,9 +330,8 @@ def load_state(
         config=None,
         meta=meta,
     )
-    if load_model and MODEL_FILE in meta["files"]:
-        model_file = state.file(MODEL_FILE)
-        state.model_state = {name: model_file.tensor(name) for name in model_file.names()}
+    if load_model and state.model_files:
+        state.model_state = state.read_model()
     elif load_model:
         raise CheckpointNotFoundError(f"{path / MODEL_FILE}: the checkpoint was saved without model weights")
 

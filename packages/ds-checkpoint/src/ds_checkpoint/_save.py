@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -23,6 +24,7 @@ from ._format import (
     SHARD_FORMAT,
     STATE_FILE,
     _fsync_dir,
+    check_model_file_name,
     optim_files,
     rng_file,
     seal_meta,
@@ -214,10 +216,19 @@ def _clean_stale(save_dir: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _write_rank(tmp: Path, rank: int, shard: tuple[dict, dict] | None, save_rng: bool) -> dict[str, Any]:
-    """This rank's own files: its optimizer shard and its RNG states. Returns the manifest part."""
+def _write_rank(
+    tmp: Path,
+    rank: int,
+    shard: tuple[dict, dict] | None,
+    save_rng: bool,
+    model_files: dict[str, dict[str, torch.Tensor]],
+) -> dict[str, Any]:
+    """This rank's own files: its optimizer shard, its RNG states and its weight files. Returns the
+    manifest part."""
     files: dict[str, Any] = {}
-    report: dict[str, Any] = {"rank": rank, "files": files}
+    report: dict[str, Any] = {"rank": rank, "files": files, "model_files": sorted(model_files)}
+    for name, tensors in model_files.items():
+        files[name] = write_safetensors(tmp / name, tensors)
     if shard is not None:
         tensors, meta = shard
         t_name, j_name = optim_files(rank)
@@ -260,6 +271,27 @@ def _optimizer_meta(tmp: Path, reports: list[dict[str, Any]]) -> dict[str, Any] 
     }
 
 
+def _one_writer_per_file(names: list[str], group: dist.ProcessGroup | None) -> None:
+    """Raise on every rank, before anything is written, when two ranks would write the same weight file."""
+    every = [names]
+    if _distributed() and dist.get_world_size(group) > 1:
+        every = [None] * dist.get_world_size(group)
+        dist.all_gather_object(every, names, group=group)
+    seen: dict[str, int] = {}
+    for r, mine in enumerate(every):
+        for name in mine:
+            if name in seen:
+                raise ValueError(
+                    f"save_state: ranks {seen[name]} and {r} would both write the weight file {name}"
+                )
+            seen[name] = r
+
+
+def _natural(name: str) -> list:
+    """Sort key reading digit runs as numbers (``layer_2_expert_10`` after ``layer_2_expert_9``)."""
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
 def _publish(save_dir: Path, tag: str, tmp: Path) -> Path:
     final = save_dir / tag
     if final.exists():
@@ -290,6 +322,7 @@ def save_state(
     save_latest: bool = True,
     tag_validation: str = "Warn",
     group: dist.ProcessGroup | None = None,
+    model_files: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Save a training state to ``save_dir/tag`` atomically; call it on every rank of ``group``.
 
@@ -297,7 +330,9 @@ def save_state(
     JSON-able state (``lr_scheduler``, ``loss_scaler``, ``counters``, ``client_state``, ``config``;
     tensors inside them go to ``state.safetensors``). Every rank writes its ``optimizer_shard`` in
     the ``ds-flat-shard/1`` format (a shard covering every group whole is written by rank 0 only)
-    and its RNG states. Files are written into ``save_dir/.<tag>.tmp``, which is renamed to
+    and its RNG states. ``model_files`` (any rank) are weight files of their own besides rank 0's
+    ``model.safetensors`` (an MoE model's experts, one file per expert: ``expert_file``); on load their
+    tensors join ``model_state``, so each tensor name must be in one file only. Files are written into ``save_dir/.<tag>.tmp``, which is renamed to
     ``save_dir/<tag>`` after every rank has finished; ``latest`` is replaced after that.
     Returns the checkpoint directory.
     """
@@ -307,6 +342,9 @@ def save_state(
             f"checkpoint tag {tag!r} must be a non-empty name without '/' that does not start with '.'"
         )
     rank, world_size = _rank_world(group)
+    for name in model_files or {}:
+        check_model_file_name(name)
+    _one_writer_per_file(sorted(model_files or {}), group)
     validate_tag(tag, tag_validation, group)
     save_dir = agree_on_save_dir(save_dir, group)
     if _distributed():
@@ -333,14 +371,16 @@ def save_state(
         _clean_stale(save_dir)
         tmp.mkdir()
     _barrier(group)
-    report = _write_rank(tmp, rank, optimizer_shard, save_rng)
+    report = _write_rank(tmp, rank, optimizer_shard, save_rng, model_files or {})
     if rank == 0:
         if model_state is not None:
             report["files"][MODEL_FILE] = write_safetensors(tmp / MODEL_FILE, model_state)
         if state_tensors:
             report["files"][STATE_FILE] = write_safetensors(tmp / STATE_FILE, state_tensors)
     reports = _gather(report, group)
+    parts = sorted((name for r in reports for name in r["model_files"]), key=_natural)
     if rank == 0:
+        weights = ([MODEL_FILE] if MODEL_FILE in report["files"] else []) + parts
         meta = {
             "format": FORMAT,
             "writer": "ds_checkpoint",
@@ -348,6 +388,7 @@ def save_state(
             "world_size": world_size,
             **payload,
             "optimizer": _optimizer_meta(tmp, reports),
+            "model_files": weights,
             "rng_ranks": [r["rank"] for r in reports if rng_file(r["rank"]) in r["files"]],
             "files": {name: entry for r in reports for name, entry in r["files"].items()},
         }
