@@ -1,6 +1,6 @@
 """The engine with ds_moe layers at 2 real ranks (gloo): expert groups from the topology, experts kept per
 expert-parallel rank (not broadcast over the world), expert gradients over the expert-data group, refusals.
-Losses against DeepSpeed 0.19.8 are integration/test_moe.py's."""
+Losses against DeepSpeed 0.19.8 are integration/test_moe.py's; checkpoints are test_engine_moe_checkpoint.py's."""
 
 from __future__ import annotations
 
@@ -37,12 +37,6 @@ def _engine(rank: int, world: int, ep: int, stage: int) -> dict:
     torch.distributed.all_gather(every, expert.detach())
     grads = [torch.zeros_like(expert) for _ in range(world)]
     torch.distributed.all_gather(grads, expert.grad)
-    checkpoint = None
-    if ep > 1:
-        try:
-            engine.save_checkpoint("/nonexistent-ds-moe-test")
-        except ds_engine.FeatureNotAvailableError as e:
-            checkpoint = str(e)
     dense = [torch.zeros_like(model[0].weight) for _ in range(world)]
     torch.distributed.all_gather(dense, model[0].weight.detach())
     return {
@@ -51,7 +45,6 @@ def _engine(rank: int, world: int, ep: int, stage: int) -> dict:
         "experts_equal": bool(torch.equal(every[0], every[1])),
         "expert_grads_equal": bool(torch.equal(grads[0], grads[1])),
         "dense_equal": bool(torch.equal(dense[0], dense[1])),
-        "checkpoint_refused": checkpoint,
         # DeepSpeed's rule: summed over the expert-data group (here this rank alone), divided by the dp world
         "expert_grad_error": (expert.grad - local / world).abs().max().item(),
         "ep_world": torch.distributed.get_world_size(moe.deepspeed_moe.ep_group) if ep > 1 else 1,
@@ -66,8 +59,6 @@ def test_expert_parallel_keeps_each_ranks_experts_and_its_gradients():
         # gradient is not averaged with the other rank's (different) expert's
         assert not r["experts_equal"] and not r["expert_grads_equal"]
         assert r["expert_grad_error"] < 1e-7
-        # rank 0's weights alone would lose the other rank's experts: refused, naming the way out
-        assert "ep_size 1" in r["checkpoint_refused"]
 
 
 def test_ep1_experts_are_data_parallel():

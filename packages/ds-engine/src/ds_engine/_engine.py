@@ -24,6 +24,7 @@ from ds_engine._getters import ConfigGetters
 from ds_engine._grad_guard import OutsideGradients
 from ds_engine._key_getters import KeyGetters
 from ds_engine._missing import FeatureNotAvailableError, missing_function
+from ds_engine._moe_checkpoint import ExpertNames
 from ds_engine._monitor import Monitor
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE, FORWARD, STEP, WallClockTimers
 from ds_engine._tp_checkpoint import local_optimizer_state, logical_optimizer_state
@@ -341,23 +342,28 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         if not save_dir:  # None or "": DeepSpeed 0.19.8 refuses both with this ValueError
             raise ValueError(f"save_dir must be a non-empty string, got {save_dir!r}")
         tp_group = self._tensor_parallel_group("save_checkpoint")
-        self._refuse_expert_parallel_checkpoint("save_checkpoint")
+        experts = self._moe_checkpoint_names(tp_group, "save_checkpoint")
         tag = str(tag) if tag is not None else f"global_step{self.global_steps}"
         model_state = self._module_state_dict()
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             model_state = {k: v for k, v in model_state.items() if k not in frozen}
-        shard = self._sharded_state()
+        shard, model_files = self._sharded_state(), None
         if tp_group is not None and shard is not None:
             # AutoTP: the state of the whole parameters (what the unsplit model saves), so that it loads at
             # any tensor-parallel degree; every rank of the world takes part and writes into one checkpoint
             shard = logical_optimizer_state(
                 shard, self.module, tp_group, self.parts.dp_group, self.zero_optimization_stage() > 0
             )
+        if experts is not None:  # each expert in a file of its own, under its global index
+            model_state, model_files = experts.model_files(model_state)
+            if shard is not None:
+                shard = experts.optimizer_shard(shard, self.parts.dp_group)
         ds_checkpoint.save_state(
             save_dir,
             tag,
             model_state=model_state,
+            model_files=model_files,
             optimizer_shard=shard,
             lr_scheduler=self.lr_scheduler.state_dict() if self.lr_scheduler is not None else None,
             counters=self._counters(),
@@ -369,14 +375,18 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         )
         return True
 
-    def _refuse_expert_parallel_checkpoint(self, what: str) -> None:
-        """With ep > 1 each rank holds different experts; ds's checkpoint saves rank 0's weights only."""
-        if self.parts.moe is not None and self.parts.moe.groups:
+    def _expert_names(self) -> ExpertNames | None:
+        """The renaming of the MoE layers' experts between this rank's and the checkpoint's (global) index."""
+        return ExpertNames(self.module) if self.parts.moe is not None else None
+
+    def _moe_checkpoint_names(self, tp_group: Any, what: str) -> ExpertNames | None:
+        experts = self._expert_names()
+        if experts is not None and tp_group is not None:
             raise FeatureNotAvailableError(
-                f"{what} with expert parallelism (an MoE layer with ep_size > 1): per-expert-rank checkpoint "
-                "files are not available in ds (DeepSpeed has them, ds does not). Train with ep_size 1 to "
-                "checkpoint, or save each rank's module.state_dict() yourself."
+                f"{what} of a model with MoE layers split by AutoTP (tensor_parallel.autotp_size > 1) is not "
+                "available in ds (a checkpoint of either alone is)"
             )
+        return experts
 
     def load_checkpoint(
         self,
@@ -389,10 +399,14 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
     ) -> tuple[str | None, dict | None]:
         """Load a checkpoint saved at any world size; returns ``(path, client_state)`` or ``(None, None)``."""
         tp_group = self._tensor_parallel_group("load_checkpoint")
-        self._refuse_expert_parallel_checkpoint("load_checkpoint")
-        state = ds_checkpoint.load_state(load_dir, None if tag is None else str(tag))
+        experts = self._moe_checkpoint_names(tp_group, "load_checkpoint")
+        state = ds_checkpoint.load_state(
+            load_dir, None if tag is None else str(tag), load_model=experts is None
+        )
         if state is None:
             return None, None
+        if experts is not None:  # the dense weights and this rank's experts, under their local names
+            state.model_state = experts.model_state(state)
         # stage 3 keeps only partitions: its optimizer loads the full weights (masters included)
         load_module = getattr(self.optimizer, "load_module_state_dict", None)
         if tp_group is not None:  # the checkpoint holds whole weights: this rank loads its shards of them
@@ -405,6 +419,8 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
                     _, mine = sharded
                     if tp_group is not None:  # each whole parameter's state cut to this rank's shard
                         shard = local_optimizer_state(state, mine, self.module, tp_group)
+                    elif experts is not None:  # by name: the saved expert-parallel degree may differ
+                        shard = experts.load_optimizer_shard(state, mine)
                     else:
                         ranges = [tuple(g["shard"]) for g in mine["groups"]]
                         shard = state.optimizer_shard(ranges, mine["rank"], mine["world_size"])
@@ -512,6 +528,9 @@ class DeepSpeedEngine(ConfigGetters, KeyGetters, nn.Module):
         if exclude_frozen_parameters:
             frozen = {n for n, p in self.module.named_parameters() if not p.requires_grad}
             state = {k: v for k, v in state.items() if k not in frozen}
+        experts = self._expert_names()
+        if experts is not None:  # every expert under its global index (a collective at ep > 1)
+            state = experts.whole_state(state, self.parts.dp_group)
         if self.global_rank == 0:
             _write_weights(Path(save_dir) / save_filename, state)
         return True
