@@ -94,7 +94,9 @@ def load_sharded_state(zero: FlatShardedOptimizer, tensors: dict[str, torch.Tens
         _load_group(zero, g, gm, tensors, tensor_scalars)
         g.write_master_back()
         opts = zero.options
-        gather_partitions(g, zero.process_group, opts.allgather_bucket_size, opts.allgather_partitions)
+        # over the group's own ranks (an expert group's expert-data-parallel ranks; else the optimizer's)
+        pg = g.process_group if g.process_group is not None else zero.process_group
+        gather_partitions(g, pg, opts.allgather_bucket_size, opts.allgather_partitions)
     zero.load_step_state(meta.get("extra", {}))
 
 

@@ -372,23 +372,16 @@ class ZeroOptimizer(LossScaledStep, ParamFragments):
         return self._reducer.staging_buffers
 
     def sharded_state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """This rank's optimizer state in the "ds-flat-shard/1" format (padding stripped)."""
-        self._refuse_partition_groups("sharded_state_dict")
+        """This rank's optimizer state in the "ds-flat-shard/1" format (padding stripped).
+
+        A group of ``partition_groups`` has its shard in its own partitioning (this rank's part over that
+        group's ranks), and its parameters differ between the groups' copies (experts): saving it with
+        the others takes a space every rank can describe, which ds-engine's MoE checkpoints lay out."""
         return sharded_state(self)
 
     def load_sharded_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         """Load this rank's NEW slice (already resharded by the caller); collective: every rank calls it."""
-        self._refuse_partition_groups("load_sharded_state_dict")
         load_sharded_state(self, tensors, meta)
-
-    def _refuse_partition_groups(self, what: str) -> None:
-        """The "ds-flat-shard/1" format holds one partitioning of every group over one world."""
-        if self.partition_groups:
-            raise ZeroConfigError(
-                f"{what}: param groups {sorted(self.partition_groups)} are partitioned over their own process "
-                "groups (expert parameters), which the ds-flat-shard/1 format cannot describe; read the "
-                "state per parameter (local_optimizer_state, local_fp32_param) instead"
-            )
 
     def state_dict(self) -> dict:
         """Alias of ``sharded_state_dict`` as a dict ``{"tensors": ..., "meta": ...}``."""
