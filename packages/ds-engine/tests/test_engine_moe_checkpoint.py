@@ -39,10 +39,17 @@ def _chunk(step: int, c: int):
 
 
 def _run(
-    rank: int, world: int, ep: int, steps: tuple[int, int], save_dir: str, load: str | None, save: dict
+    rank: int,
+    world: int,
+    ep: int,
+    stage: int,
+    steps: tuple[int, int],
+    save_dir: str,
+    load: str | None,
+    save: dict,
 ) -> dict:
-    """Train steps [steps[0], steps[1]) at ``ep`` (loading tag ``load`` first), saving after the steps in
-    ``save`` ({step: tag}); returns the global mean loss per step and the expert weights at each save."""
+    """Train steps [steps[0], steps[1]) at ``ep`` and ZeRO ``stage`` (loading tag ``load`` first), saving after
+    the steps in ``save`` ({step: tag}); returns the global mean loss per step and the experts at each save."""
     import ds_engine
     import torch
     from ds_engine.topology import reset_topology
@@ -54,6 +61,7 @@ def _run(
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": gas,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.02}},
+        "zero_optimization": {"stage": stage},
     }
     engine, *_ = ds_engine.initialize(model=model, config=config)
     moe = model[1]
@@ -110,14 +118,14 @@ def _losses(results: list[dict]) -> dict[int, float]:
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
-    """ep 2 at world 4 (2 expert-data replicas) never interrupted, saving after step 2; ep 2 at world 2
-    resumes it and saves after step 4; ep 1 at world 1 resumes that and saves after step 6; ep 2 at world 2
-    resumes that."""
+    """ep 2 at world 4 (ZeRO 0, 2 expert-data replicas) never interrupted, saving after step 2; ep 2 at world 2
+    (ZeRO 1) resumes it and saves after step 4; ep 1 at world 1 (ZeRO 2) resumes that and saves after step 6;
+    ep 2 at world 4 (ZeRO 2: each expert partitioned over its 2 replicas) resumes that and saves after step 8."""
     d = str(tmp_path_factory.mktemp("moe-ckpt"))
-    full = spawn(_run, 4, 2, (0, 8), d, None, {2: "a2"}, timeout_s=300)
-    world2 = spawn(_run, 2, 2, (2, 4), d, "a2", {4: "b4"}, timeout_s=300)
-    world1 = spawn(_run, 1, 1, (4, 6), d, "b4", {6: "c6"}, timeout_s=300)
-    back = spawn(_run, 2, 2, (6, 8), d, "c6", {}, timeout_s=300)
+    full = spawn(_run, 4, 2, 0, (0, 8), d, None, {2: "a2"}, timeout_s=300)
+    world2 = spawn(_run, 2, 2, 1, (2, 4), d, "a2", {4: "b4"}, timeout_s=300)
+    world1 = spawn(_run, 1, 1, 2, (4, 6), d, "b4", {6: "c6"}, timeout_s=300)
+    back = spawn(_run, 4, 2, 2, (6, 8), d, "c6", {8: "d8"}, timeout_s=300)
     return d, full, world2, world1, back
 
 
@@ -125,9 +133,9 @@ def test_resume_at_other_world_size_and_expert_parallel_degree(chain):
     _, full, world2, world1, back = chain
     reference = _losses(full)
     runs = (
-        (full, world2, 2, "ep2 world4 -> ep2 world2"),
-        (world2, world1, 4, "ep2 world2 -> ep1 world1"),
-        (world1, back, 6, "ep1 world1 -> ep2 world2"),
+        (full, world2, 2, "ep2 world4 ZeRO 0 -> ep2 world2 ZeRO 1"),
+        (world2, world1, 4, "ep2 world2 ZeRO 1 -> ep1 world1 ZeRO 2"),
+        (world1, back, 6, "ep1 world1 ZeRO 2 -> ep2 world4 ZeRO 2"),
     )
     for saver, resumed, step, what in runs:
         # each rank's experts are the saved experts of its global indices ...
@@ -143,15 +151,16 @@ def test_whole_weights_hold_every_expert_under_its_global_index(chain):
     import torch
     from safetensors.torch import load_file
 
-    d, full, *_ = chain
+    d, full, world2, _, back = chain
     prefix = "1.deepspeed_moe.experts.deepspeed_experts."
-    saved = _experts(full, "experts", 2)
-    files = ds_checkpoint.load_state(d, "a2").model_state  # the weight files
-    weights = ds_checkpoint.fp32_state_dict(d, "a2")  # zero_to_fp32's: parameters from the fp32 masters
-    whole = load_file(f"{d}/a2.safetensors")  # engine.save_16bit_model's
-    for e, w in saved.items():
-        for what, state in (("files", files), ("fp32", weights), ("16bit", whole)):
-            assert torch.equal(state[f"{prefix}{e}.weight"], w), (what, e)
-    # all are whole weights: they load into the same model at ep 1 (every expert on one rank)
-    for state in (files, weights, whole):
-        _model(0, 1).load_state_dict(state, strict=True)
+    for tag, step, saver in (("a2", 2, full), ("b4", 4, world2), ("d8", 8, back)):
+        saved = _experts(saver, "experts", step)
+        files = ds_checkpoint.load_state(d, tag).model_state  # the weight files
+        weights = ds_checkpoint.fp32_state_dict(d, tag)  # zero_to_fp32's: parameters from the fp32 masters
+        whole = load_file(f"{d}/{tag}.safetensors")  # engine.save_16bit_model's
+        for e, w in saved.items():
+            for what, state in (("files", files), ("fp32", weights), ("16bit", whole)):
+                assert torch.equal(state[f"{prefix}{e}.weight"], w), (tag, what, e)
+        # all are whole weights: they load into the same model at ep 1 (every expert on one rank)
+        for state in (files, weights, whole):
+            _model(0, 1).load_state_dict(state, strict=True)

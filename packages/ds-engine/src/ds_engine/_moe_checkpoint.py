@@ -9,9 +9,10 @@ each expert-data-parallel group writes the experts it holds, one file per expert
 Optimizer state stays in ds_checkpoint's flat groups, in a space every rank can describe. A group without
 parameters of an ``ep_size`` > 1 layer is saved as it is. A group with them is saved as the ``ep_size``
 local spaces of the expert-parallel ranks one after the other (``numel = ep_size * local numel``): expert
-rank ``r`` writes its part of ``[r * numel, (r + 1) * numel)``; the group's parameter list names each expert
-once under its global name, and each dense parameter once (at expert rank 0's copy). A range every rank of
-a group holds whole (stage 0) is written by that group's first rank only. Loading matches the parameters
+rank ``r`` writes its part of ``[r * numel, (r + 1) * numel)`` (at ZeRO 1/2 its piece of the partitioning
+over its expert-data-parallel group); the group's parameter list names each expert once under its global
+name, and each dense parameter once (at expert rank 0's copy). A range every rank of a group holds whole
+(stage 0) is written by that group's first rank only. Loading matches the parameters
 by global name (``LoadedState.optimizer_shard_by_name``), so the layout at load time may differ.
 """
 
