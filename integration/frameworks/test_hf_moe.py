@@ -1,9 +1,16 @@
-"""Hugging Face MoE models (Mixtral through Accelerate's ``transformer_moe_cls_names``, Qwen3-MoE and
-DeepSeek-V3 through ``set_z3_leaf_modules``) under ds's ZeRO-3 with leaf modules at 2 ranks whose tokens
-route to different experts: they finish, with ZeRO-2's losses."""
+"""Hugging Face MoE models under ds's ZeRO-3 with leaf modules, ranks' tokens routed to different experts:
+they finish, with ZeRO-2's losses. Mixtral through an unmodified ``Trainer`` (its leaf modules from
+``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, what ``accelerate launch --deepspeed_moe_layer_cls_names``
+sets) and through Accelerate's ``transformer_moe_cls_names``; Qwen3-MoE and DeepSeek-V3 through
+``set_z3_leaf_modules``.
+
+Each case runs at the session's world size (``DS_TEST_WORLD_SIZE``, 2 by default and in CI); the 4-rank
+cases: ``DS_TEST_WORLD_SIZE=4 ./dev -s frameworks -- integration/frameworks/test_hf_moe.py``.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import pytest
@@ -11,23 +18,54 @@ from launch import run_script
 
 pytest.importorskip("accelerate")
 
-MODELS = ("mixtral", "qwen3_moe", "deepseek_v3")
+MODELS = ("mixtral_trainer", "mixtral", "qwen3_moe", "deepseek_v3")
 REL_TOL = 1e-5
+STEPS = 3
+SESSION_RANKS = int(os.environ.get("DS_TEST_WORLD_SIZE", "2"))
+RANKS = [
+    pytest.param(n, marks=pytest.mark.skipif(n != SESSION_RANKS, reason=f"runs in the {n}-rank session"))
+    for n in (2, 4)
+]
+# what the Trainer's runs need to mark the MoE blocks as leaves (unset: the test sees no leaves)
+ENV = {"ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "MixtralSparseMoeBlock"}
+
+_runs: dict[tuple[int, int], list[dict]] = {}
 
 
-@pytest.fixture(scope="module")
-def runs() -> dict[int, list[dict]]:
-    return {stage: run_script(sys.executable, "hf_moe_script.py", "--stage", str(stage)) for stage in (2, 3)}
+def run(ranks: int, stage: int) -> list[dict]:
+    """One launch per world size and stage runs every model (the module's tests share it)."""
+    if (ranks, stage) not in _runs:
+        _runs[ranks, stage] = run_script(
+            sys.executable, "hf_moe_script.py", "--stage", str(stage), "--steps", str(STEPS),
+            "--models", ",".join(MODELS), nproc=ranks, env=ENV,
+        )  # fmt: skip
+    return _runs[ranks, stage]
 
 
+def records(ranks: int, stage: int, model: str, key: str) -> list:
+    return [r[key] for r in run(ranks, stage) if r.get("model") == model and key in r]
+
+
+@pytest.mark.parametrize("ranks", RANKS)
 @pytest.mark.parametrize("model", MODELS)
-def test_zero3_with_leaf_modules_matches_zero2(runs, model):
-    def losses(stage: int) -> list[float]:
-        return [r["loss"] for r in runs[stage] if r.get("model") == model and "loss" in r]
-
-    z2, z3 = losses(2), losses(3)
-    assert len(z3) == 3 and len(z2) == 3, runs
+def test_zero3_with_leaf_modules_matches_zero2(ranks, model):
+    z2, z3 = records(ranks, 2, model, "loss"), records(ranks, 3, model, "loss")
+    assert len(z3) == STEPS and len(z2) == STEPS, (z3, z2)
     worst = max(abs(a - b) / abs(b) for a, b in zip(z3, z2))
-    assert worst <= REL_TOL, f"{model}: ZeRO-3 {z3}, ZeRO-2 {z2}"
-    leaves = [r["leaf_modules"] for r in runs[3] if r.get("model") == model and "leaf_modules" in r]
-    assert leaves and leaves[0] > 0, "the MoE blocks are leaf modules"
+    assert worst <= REL_TOL, f"{model} at {ranks} ranks: ZeRO-3 {z3}, ZeRO-2 {z2}"
+    # stage 3 took the MoE blocks as leaves: their parameters carry DeepSpeed's ds_z3_leaf_module
+    (leaves,) = records(ranks, 3, model, "leaf_modules")
+    (leaf_params,) = records(ranks, 3, model, "leaf_params")
+    assert leaves > 0 and leaf_params > 0, f"{model}: {leaves} leaf modules, {leaf_params} leaf parameters"
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_trainer_gathers_each_moe_block_whole_once_a_pass(ranks):
+    """Through the Trainer, each MoE block's parameters are gathered in one piece, once in the forward and
+    once in the backward (without leaf modules: the router and the experts apart, 10 gathers a step), while
+    the ranks send their tokens to different experts."""
+    (routed,) = records(ranks, 3, "mixtral_trainer", "routed")  # [rank][block][expert] tokens, first step
+    assert len(routed) == ranks and any(r != routed[0] for r in routed[1:]), routed
+    (gathers,) = records(ranks, 3, "mixtral_trainer", "block_gathers")
+    (blocks,) = records(ranks, 3, "mixtral_trainer", "blocks")
+    assert gathers == [{"gathers": 2 * blocks, "blocks": 2 * blocks, "whole": True}] * STEPS, gathers
