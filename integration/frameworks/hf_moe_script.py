@@ -2,15 +2,15 @@
 config's ZeRO stage, at 2 or 4 ranks (torchrun, gloo, CPU).
 
 ``mixtral_trainer`` is an unmodified ``Trainer`` given the config (leaf modules from
-``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, as ``accelerate launch --deepspeed_moe_layer_cls_names`` sets it);
+``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, as ``accelerate launch --deepspeed_moe_layer_cls_names`` sets
+it: ``--moe-env``);
 ``mixtral`` goes through Accelerate with ``DeepSpeedPlugin(transformer_moe_cls_names=...)`` (which calls
 ``deepspeed.utils.set_z3_leaf_modules``); Qwen3-MoE and DeepSeek-V3 through ``deepspeed.initialize`` after
 ``set_z3_leaf_modules`` on their MoE block. Each rank trains on tokens from its own half of the vocabulary,
 so ranks route to different experts. Rank 0 prints {"model": m, "step": n, "loss": x} per step (the ranks'
 mean) and {"model": m, "leaf_modules": k, "leaf_params": p}; the Trainer's run also the tokens each rank
 routed to each expert and (ds's stage 3) the gathers of MoE-block parameters per step. Usage:
-  ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES=MixtralSparseMoeBlock HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu \
-    torchrun --nproc_per_node 2 hf_moe_script.py --stage 3
+  HF_HUB_OFFLINE=1 DS_ACCELERATOR=cpu torchrun --nproc_per_node 2 hf_moe_script.py --stage 3 --moe-env
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 
 import torch
 import torch.distributed as dist
@@ -129,14 +130,14 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-def with_trainer(name: str, stage: int, steps: int) -> None:
+def with_trainer(name: str, stage: int, steps: int, out: str, moe_env: bool) -> None:
     """An unmodified ``Trainer`` given the DeepSpeed config. The leaf modules come from
     ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, what ``accelerate launch --deepspeed_moe_layer_cls_names``
     sets: transformers 5.25 builds its DeepSpeedPlugin without ``transformer_moe_cls_names``, so Accelerate
     1.16 reads that variable when the Trainer prepares the model, and nothing else marks leaves (not
-    ``_no_split_modules``). Rank 0 prints each logged step's loss (the ranks' mean), the leaf modules, how
-    many tokens each rank sent to each expert in the first step, and under ds's stage 3 each step's gathers
-    of MoE-block parameters."""
+    ``_no_split_modules``); ``moe_env`` sets it to the MoE block's class. Rank 0 prints each logged step's
+    loss (the ranks' mean), the leaf modules, how many tokens each rank sent to each expert in the first
+    step, and under ds's stage 3 each step's gathers of MoE-block parameters."""
     import accelerate.state
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -145,11 +146,13 @@ def with_trainer(name: str, stage: int, steps: int) -> None:
     ds_config.update(train_micro_batch_size_per_gpu="auto", gradient_accumulation_steps="auto")
     ds_config["optimizer"]["params"] = {"lr": "auto", "weight_decay": "auto"}
     args = TrainingArguments(
-        output_dir=os.environ.get("TMPDIR", "/tmp"), per_device_train_batch_size=MICRO, max_steps=steps,
+        output_dir=out, per_device_train_batch_size=MICRO, max_steps=steps,
         learning_rate=1e-2, weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no",
         report_to=[], deepspeed=ds_config, use_cpu=True, seed=0, dataloader_num_workers=0, disable_tqdm=True,
     )  # fmt: skip
     model, block_name = build(model_name)
+    if moe_env:
+        os.environ["ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"] = block_name
     blocks = [m for m in model.modules() if type(m).__name__ == block_name]
     owner = {id(p): i for i, b in enumerate(blocks) for p in b.parameters()}
     sizes = [len(list(b.parameters())) for b in blocks]
@@ -188,6 +191,8 @@ def with_trainer(name: str, stage: int, steps: int) -> None:
 
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(2 * steps * MICRO), callbacks=[Record()])
     trainer.train()
+    if moe_env:
+        del os.environ["ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES"]
     leaf(name, model)
     mine = torch.stack(routed)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
@@ -215,11 +220,19 @@ def main() -> None:
     p.add_argument("--stage", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--models", default="mixtral_trainer,mixtral,qwen3_moe,deepseek_v3")
+    p.add_argument("--out", default=None, help="the Trainer's output_dir (default: a temporary folder)")
+    p.add_argument(
+        "--moe-env",
+        action="store_true",
+        help="the Trainer's run sets ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES to the MoE block's class, as "
+        "`accelerate launch --deepspeed_moe_layer_cls_names` does (without: no leaf modules there)",
+    )
     args = p.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     for name in args.models.split(","):
         if name.endswith("_trainer"):
-            with_trainer(name, args.stage, args.steps)
+            with tempfile.TemporaryDirectory() as tmp:
+                with_trainer(name, args.stage, args.steps, args.out or tmp, args.moe_env)
         elif name == "mixtral":
             with_accelerate(name, args.stage, args.steps)
         else:

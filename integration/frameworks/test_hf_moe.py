@@ -2,19 +2,21 @@
 they finish, with ZeRO-2's losses. Mixtral through an unmodified ``Trainer`` (its leaf modules from
 ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, what ``accelerate launch --deepspeed_moe_layer_cls_names``
 sets) and through Accelerate's ``transformer_moe_cls_names``; Qwen3-MoE and DeepSeek-V3 through
-``set_z3_leaf_modules``.
+``set_z3_leaf_modules``. The Trainer's 2-rank ZeRO-3 losses also equal DeepSpeed 0.19.8's
+(fixtures/hf_moe.json, recorded by tools/fixtures/make_framework_fixtures.py).
 
 Each case runs at the session's world size (``DS_TEST_WORLD_SIZE``, 2 by default and in CI); the 4-rank
-cases: ``DS_TEST_WORLD_SIZE=4 ./dev -s frameworks -- integration/frameworks/test_hf_moe.py``.
+cases: ``DS_TEST_WORLD_SIZE=4 ./dev -s frameworks -- -k test_hf_moe``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
 import pytest
-from launch import run_script
+from launch import HERE, run_script
 
 pytest.importorskip("accelerate")
 
@@ -26,8 +28,7 @@ RANKS = [
     pytest.param(n, marks=pytest.mark.skipif(n != SESSION_RANKS, reason=f"runs in the {n}-rank session"))
     for n in (2, 4)
 ]
-# what the Trainer's runs need to mark the MoE blocks as leaves (unset: the test sees no leaves)
-ENV = {"ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES": "MixtralSparseMoeBlock"}
+FIXTURE = json.loads((HERE / "fixtures" / "hf_moe.json").read_text())
 
 _runs: dict[tuple[int, int], list[dict]] = {}
 
@@ -37,7 +38,8 @@ def run(ranks: int, stage: int) -> list[dict]:
     if (ranks, stage) not in _runs:
         _runs[ranks, stage] = run_script(
             sys.executable, "hf_moe_script.py", "--stage", str(stage), "--steps", str(STEPS),
-            "--models", ",".join(MODELS), nproc=ranks, env=ENV,
+            # --moe-env: the Trainer's run sets ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES (without: no leaves)
+            "--models", ",".join(MODELS), "--moe-env", nproc=ranks,
         )  # fmt: skip
     return _runs[ranks, stage]
 
@@ -69,3 +71,14 @@ def test_trainer_gathers_each_moe_block_whole_once_a_pass(ranks):
     (gathers,) = records(ranks, 3, "mixtral_trainer", "block_gathers")
     (blocks,) = records(ranks, 3, "mixtral_trainer", "blocks")
     assert gathers == [{"gathers": 2 * blocks, "blocks": 2 * blocks, "whole": True}] * STEPS, gathers
+
+
+@pytest.mark.skipif(SESSION_RANKS != 2, reason="recorded at 2 ranks: runs in the 2-rank session")
+def test_trainer_zero3_losses_match_deepspeed():
+    """The 2-rank session's stage-3 launch (its Trainer run comes first) against DeepSpeed 0.19.8's."""
+    recorded = FIXTURE["cases"]["mixtral_trainer_zero3"]
+    assert FIXTURE["deepspeed_version"] == "0.19.8" and recorded["ranks"] == 2
+    ours = records(2, 3, "mixtral_trainer", "loss")
+    assert len(ours) == len(recorded["losses"]) == STEPS, (ours, recorded["losses"])
+    worst = max(abs(a - b) / abs(b) for a, b in zip(ours, recorded["losses"]))
+    assert worst <= REL_TOL, f"ds {ours}, DeepSpeed 0.19.8 {recorded['losses']}"
