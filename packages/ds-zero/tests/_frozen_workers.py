@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from _zeropp_workers import Wire, batch
 from ds_config import load_config
-from ds_zero import StateDictMismatchError, ZeroStage3Optimizer
+from ds_zero import PartitionOnConstruction, StateDictMismatchError, ZeroStage3Optimizer
 from rank_testing.memory import live_storage_bytes
 from torch import nn
 
@@ -146,9 +146,31 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
     }
 
 
+def built_in_init(rank: int, world: int) -> dict[bool, bool]:
+    """Per value of the key: does a model built inside ``zero.Init`` (frozen weights cut as they are built)
+    compute what a plain model holding its gathered state computes?"""
+    x, _ = batch(0, world)
+    out = {}
+    for quantized in (False, True):
+        torch.manual_seed(0)
+        with PartitionOnConstruction():
+            model = Net()
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+        zero = ZeroStage3Optimizer.from_config(model, opt, load_config(config(quantized), world_size=world))
+        reference = Net()
+        try:  # a frozen weight left cut is empty: its state does not load, the forward fails
+            reference.load_state_dict(zero.module_state_dict())
+            with torch.no_grad():
+                out[quantized] = torch.equal(model(x[:MB]), reference(x[:MB]))
+        except RuntimeError:
+            out[quantized] = False
+    return out
+
+
 def main(rank: int, world: int) -> dict:
     return {
         "off": run(rank, world, False, torch.float32, STEPS),
         "on": run(rank, world, True, torch.float32, STEPS),
         "bf16_on": run(rank, world, True, torch.bfloat16, 1),
+        "built_in_init": built_in_init(rank, world),
     }

@@ -100,3 +100,8 @@ def test_losses_within_deepspeeds_tolerance(runs):
     assert sum(plain[1:]) / (len(plain) - 1) < 0.95 * plain[0], "the adapters learn"
     assert sum(quant[-3:]) / 3 < 1.1 * sum(plain[-3:]) / 3  # DeepSpeed's bound
     assert max(abs(q - p) / p for q, p in zip(quant, plain)) < 0.01
+
+
+def test_frozen_weights_cut_by_zero_init_compute_as_built_whole(runs):
+    # without the key they are gathered whole again; with it they become int8 partitions like any other
+    assert all(r["built_in_init"] == {False: True, True: True} for r in runs)

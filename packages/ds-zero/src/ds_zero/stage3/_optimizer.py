@@ -98,9 +98,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             swap=offload.param_swap,
             hpz=SecondaryGather(host_groups.hpz) if options.hpz_partition_size > 1 and self.dp > 1 else None,
             quantize_weights=options.quantized_weights,
-            nontrainable=[p for p in module.parameters() if not p.requires_grad]
-            if options.quantized_nontrainable_weights
-            else (),
+            frozen=[p for p in module.parameters() if not p.requires_grad],
+            quantize_frozen=options.quantized_nontrainable_weights,
         )
         params = self.params
         self.masters = offload.masters(params)

@@ -76,9 +76,10 @@ class PartitionedParams:
     overwritten from outside a step (a load, a ``GatheredParameters`` modification), so the owner of the
     fp32 masters can copy them.
 
-    ``nontrainable``: frozen parameters to keep as int8 partitions of their own (``_frozen``,
-    ``zero_quantized_nontrainable_weights``); their slots have group -1 and are in no layout. Those of at
-    most ``persistence_threshold`` elements stay whole in their dtype, unmanaged.
+    ``frozen``: the model's frozen parameters. With ``quantize_frozen`` (``zero_quantized_nontrainable_weights``)
+    each is kept as an int8 partition of its own (``_frozen``), in a slot of group -1 that is in no layout;
+    those of at most ``persistence_threshold`` elements stay whole in their dtype, unmanaged. Without it they
+    all stay whole, unmanaged (one cut by ``zero.Init`` is gathered whole again).
     """
 
     def __init__(
@@ -93,7 +94,8 @@ class PartitionedParams:
         swap: ParamSwap | None = None,
         hpz: SecondaryGather | None = None,
         quantize_weights: bool = False,
-        nontrainable: Sequence[nn.Parameter] = (),
+        frozen: Sequence[nn.Parameter] = (),
+        quantize_frozen: bool = False,
     ) -> None:
         self.process_group = process_group
         self.hpz = hpz  # zero_hpz_partition_size: gathers from the secondary partitions when they are valid
@@ -122,9 +124,13 @@ class PartitionedParams:
         self.persistent_numel = 0
         for g, params in enumerate(groups):
             self._partition_group(g, params, names, partition_device)
-        for p in nontrainable:
-            if id(p) not in self.slots:
+        for p in frozen:
+            if id(p) in self.slots:
+                continue
+            if quantize_frozen:
                 self._partition_frozen(p, names, partition_device)
+            elif is_constructed_partitioned(p):
+                _make_whole(p)
 
     # ------------------------------------------------------------------ setup
     def _partition_group(
@@ -178,14 +184,13 @@ class PartitionedParams:
 
     def _partition_frozen(self, p: nn.Parameter, names: dict[int, str], device: torch.device | None) -> None:
         """Keep ``p`` (frozen) as this rank's int8 chunk of it, or whole when it persists."""
-        shape, was_cut = source_shape(p), is_constructed_partitioned(p)
+        shape = source_shape(p)
+        if self._persists(shape.numel()):
+            if is_constructed_partitioned(p):
+                _make_whole(p)
+            return
         full = full_value(p).reshape(-1)  # collective if cut at construction
         forget_construction(p)
-        if self._persists(shape.numel()):
-            if was_cut:
-                p.data = full.view(shape)
-                mark(p, shape, p.data, whole=True)
-            return
         part = FrozenPart.cut(full, self.dp, self.rank, device or p.device)
         del full
         slot = ParamSlot(p, names.get(id(p), f"frozen{len(self.slots)}"), -1, -1, 0, shape.numel(), shape,
@@ -492,6 +497,14 @@ class PartitionedParams:
         """Elements of this rank's partitions plus the whole (persistent) parameters it keeps."""
         held = self.swap.cpu_numel if self.swap is not None else sum(self.part_numels)
         return held + sum(s.numel for s in self.slots.values() if s.persistent)
+
+
+def _make_whole(p: nn.Parameter) -> None:
+    """A parameter cut by ``zero.Init`` that stage 3 does not manage: whole again (collective)."""
+    shape = source_shape(p)
+    p.data = full_value(p).view(shape)
+    forget_construction(p)
+    mark(p, shape, p.data, whole=True)
 
 
 def _quantized(pieces: list[tuple[torch.Tensor, int]], rank: int) -> list[tuple[torch.Tensor, int]]:
