@@ -47,9 +47,11 @@ def _run(
     save_dir: str,
     load: str | None,
     save: dict,
+    client: bool = False,
 ) -> dict:
     """Train steps [steps[0], steps[1]) at ``ep`` and ZeRO ``stage`` (loading tag ``load`` first), saving after
-    the steps in ``save`` ({step: tag}); returns the global mean loss per step and the experts at each save."""
+    the steps in ``save`` ({step: tag}); returns the global mean loss per step and the experts at each save.
+    ``client``: the script's own optimizer, one param group mixing experts with the dense weights (stage 0)."""
     import ds_engine
     import torch
     from ds_engine.topology import reset_topology
@@ -63,7 +65,11 @@ def _run(
         "optimizer": {"type": "AdamW", "params": {"lr": 0.02}},
         "zero_optimization": {"stage": stage},
     }
-    engine, *_ = ds_engine.initialize(model=model, config=config)
+    optimizer = None
+    if client:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
+        del config["optimizer"]
+    engine, *_ = ds_engine.initialize(model=model, optimizer=optimizer, config=config)
     moe = model[1]
     if ep > 1:
         assert torch.distributed.get_rank(moe.deepspeed_moe.ep_group) == rank % ep
@@ -98,6 +104,13 @@ def _run(
             engine.save_16bit_model(save_dir, f"{save[step + 1]}.safetensors")
             experts[step + 1] = experts_by_global_index()
     return {"losses": losses, "experts": experts, "loaded": loaded}
+
+
+def _one_group(rank: int, world: int, save_dir: str) -> list[dict]:
+    """ep 2 with one param group for experts and dense weights, saved after step 2 and run on; then, in the
+    same processes, ep 1 resumes that checkpoint."""
+    full = _run(rank, world, 2, 0, (0, 4), save_dir, None, {2: "m2"}, client=True)
+    return [full, _run(rank, world, 1, 0, (2, 4), save_dir, "m2", {}, client=True)]
 
 
 def _experts(results: list[dict], key: str, step: int | None = None) -> dict:
@@ -164,3 +177,25 @@ def test_whole_weights_hold_every_expert_under_its_global_index(chain):
         # all are whole weights: they load into the same model at ep 1 (every expert on one rank)
         for state in (files, weights, whole):
             _model(0, 1).load_state_dict(state, strict=True)
+
+
+def test_one_param_group_mixing_experts_and_dense_weights_resumes_at_another_ep(tmp_path):
+    import ds_checkpoint
+    from safetensors.torch import load_file
+
+    runs = spawn(_one_group, 2, str(tmp_path), timeout_s=300)
+    full, resumed = [r[0] for r in runs], [r[1] for r in runs]
+    saved, loaded = _experts(full, "experts", 2), _experts(resumed, "loaded")
+    assert all(saved[e].equal(loaded[e]) for e in saved)
+    (group,) = ds_checkpoint.load_state(tmp_path, "m2", load_model=False).optimizer_groups
+    names = [p["name"] for p in group["params"]]
+    assert len(names) == len(set(names)) == len(_model(0, 1).state_dict())  # every weight once, experts too
+    ds_checkpoint.export_fp32(tmp_path, tmp_path / "whole.safetensors", tag="m2")
+    whole = load_file(tmp_path / "whole.safetensors")
+    assert all(
+        whole[f"1.deepspeed_moe.experts.deepspeed_experts.{e}.weight"].equal(w) for e, w in saved.items()
+    )
+    _model(0, 1).load_state_dict(whole, strict=True)
+    reference = _losses(full)
+    for s, loss in _losses(resumed).items():
+        assert loss == pytest.approx(reference[s], abs=1e-5, rel=0), s
