@@ -88,12 +88,42 @@ def _model_parallel_rank(rank, world_size):
     return result, opt.step()
 
 
+def _expert_rank(rank, world_size, rule, dtype):
+    """A dense layer replicated on both ranks and an "expert" that differs per rank (expert parallelism):
+    (stepped, global norm, dense sum of squares, expert sum of squares) of a finite step, then whether a
+    step with inf only in rank 1's expert was applied."""
+    torch.manual_seed(99)
+    dense = torch.nn.Linear(3, 4)
+    torch.manual_seed(rank)
+    expert = torch.nn.Linear(4, 2)
+    model = torch.nn.Sequential(dense, expert).to(dtype)
+    opt = MixedPrecisionOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        dtype=dtype,
+        clip_grad=1e-3,
+        expert_params=expert.parameters(),
+        expert_norm=rule,
+    )
+    model(torch.randn(5, 3).to(dtype)).float().square().sum().backward()
+    for p in dense.parameters():  # the data-parallel reduction makes the dense gradients equal
+        torch.distributed.all_reduce(p.grad)
+    squares = [sum(float(p.grad.double().square().sum()) for p in m.parameters()) for m in model]
+    stepped = opt.step()
+    result = [stepped, opt.global_grad_norm, *squares]
+    model(torch.randn(5, 3).to(dtype)).float().square().sum().backward()
+    if rank == 1:
+        expert.weight.grad.fill_(math.inf)
+    return result, opt.step()
+
+
 def _both_scenarios(rank, world_size):
     # one spawn for all: starting processes is most of these tests' time on 2 shared cores
     return (
         _run_rank(rank, world_size, {1, 2}),
         _bf16_numba_rank(rank, world_size),
         _model_parallel_rank(rank, world_size),
+        _expert_rank(rank, world_size, "rank_mean", torch.float32),
+        _expert_rank(rank, world_size, "excluded", torch.bfloat16),
     )
 
 
@@ -128,3 +158,17 @@ def test_model_parallel_norm_sums_shards_and_counts_replicas_once(rank_results):
     assert r0[0] and r1[0]
     assert r0[1] == r1[1] == pytest.approx(expected, rel=1e-6)
     assert skipped0 is False and skipped1 is False  # an inf in rank 1's replica skips both ranks
+
+
+def test_expert_norms_follow_deepspeeds_stage0_rules_the_same_on_every_rank(rank_results):
+    """Experts differ between ranks: fp32 averages the ranks' norms (DeepSpeed's clip_grad_norm_), bf16 leaves
+    the experts out (its fp16/bf16 optimizer); both ranks clip alike, and an inf in one rank's expert skips
+    both."""
+    (m0, skip0), (m1, skip1) = (r[3] for r in rank_results)
+    assert m0[0] and m1[0] and m0[2] == m1[2] and m0[3] != m1[3]
+    expected = (math.sqrt(m0[2] + m0[3]) + math.sqrt(m1[2] + m1[3])) / 2
+    assert m0[1] == m1[1] == pytest.approx(expected, rel=1e-6)
+    (b0, bskip0), (b1, bskip1) = (r[4] for r in rank_results)
+    assert b0[0] and b1[0]
+    assert b0[1] == b1[1] == pytest.approx(math.sqrt(b0[2]), rel=1e-6)
+    assert not (skip0 or skip1 or bskip0 or bskip1)

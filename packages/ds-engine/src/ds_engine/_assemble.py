@@ -167,6 +167,10 @@ def assemble(
             fp32_grad_accum=_grad_accum_dtype(cfg) == torch.float32,
             module=model,
             model_parallel_group=mp_group,
+            # expert-parallel experts differ between ranks: DeepSpeed 0.19.8's stage-0 norm, the same on
+            # every rank (fp32: the mean of the ranks' norms; fp16/bf16: the norm without the experts)
+            expert_params=moe.expert_params if moe is not None else None,
+            expert_norm="rank_mean" if dtype == torch.float32 else "excluded",
         )
     reducing = dist.get_world_size(dp_group) if dp_group is not None else dp_world_size  # sp: data x sequence
     if cfg.zero_optimization.stage == 0 and reducing > 1:  # amp is never ZeRO (ds_config rejects it)

@@ -6,7 +6,7 @@ import importlib
 import logging
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -66,6 +66,13 @@ class MixedPrecisionOptimizer:
         model_parallel_group: with Megatron-style model parallelism, the model-parallel group: the
             norm and the overflow test then also span it. Parameters marked ``tensor_model_parallel``
             (or ``model_parallel``) count on every model-parallel rank, all others on its rank 0 only.
+        expert_params: parameters whose gradients still differ between the ranks of ``process_group``
+            after the data-parallel reduction (a mixture of experts' experts at expert parallelism > 1).
+            With replicated gradients the ranks' norms would then differ, so the norm follows one of
+            DeepSpeed 0.19.8's stage-0 rules, the same on every rank (one small all-reduce per step):
+            ``expert_norm="rank_mean"``, each rank's norm of all its gradients averaged over
+            ``process_group`` (DeepSpeed's fp32 ``clip_grad_norm_``), or ``"excluded"``, the norm of the
+            other gradients only (DeepSpeed's fp16/bf16 optimizer); an inf/nan anywhere skips every rank.
     """
 
     def __init__(
@@ -83,6 +90,8 @@ class MixedPrecisionOptimizer:
         log_interval_steps: int = 100,
         numba_kernels: bool | None = None,
         model_parallel_group: Any | None = None,
+        expert_params: Iterable[torch.nn.Parameter] | None = None,
+        expert_norm: str = "rank_mean",
     ) -> None:
         if dtype not in (*LOW_PRECISION, torch.float32):
             raise ValueError(f"dtype must be torch.float16, torch.bfloat16 or torch.float32, got {dtype}")
@@ -90,6 +99,8 @@ class MixedPrecisionOptimizer:
             raise ValueError(f"clip_grad must be >= 0 (0 disables clipping), got {clip_grad!r}")
         if log_interval_steps < 1:
             raise ValueError(f"log_interval_steps must be >= 1, got {log_interval_steps!r}")
+        if expert_norm not in ("rank_mean", "excluded"):
+            raise ValueError(f"expert_norm must be 'rank_mean' or 'excluded', got {expert_norm!r}")
         alias = dtype == torch.float32 or not master_weights
         if fp32_grad_accum and alias and dtype != torch.float32:
             raise ValueError("fp32_grad_accum needs fp32 master weights: set master_weights=True")
@@ -122,9 +133,16 @@ class MixedPrecisionOptimizer:
             for flat in self.groups:
                 flat.release_grads()
         self._reduction_params: list[torch.nn.Parameter] | None = None
+        experts = {id(p) for p in expert_params or ()}
+        self.expert_norm = expert_norm if experts else None
         # per group, per parameter: does it count towards the norm on this rank (docs/design.md §5)
         self._counted = [
-            [self.mp_rank == 0 or _is_model_parallel(p) for p in flat.model_params] for flat in self.groups
+            [
+                (self.mp_rank == 0 or _is_model_parallel(p))
+                and not (expert_norm == "excluded" and id(p) in experts)
+                for p in flat.model_params
+            ]
+            for flat in self.groups
         ]
         self._kernels = _load_kernels(numba_kernels) if dtype == torch.bfloat16 and not alias else None
 
@@ -328,7 +346,7 @@ class MixedPrecisionOptimizer:
         """(gradients that count towards the norm, the others): with a model-parallel group, a
         parameter replicated across its ranks counts on model-parallel rank 0 only; one marked
         ``tensor_model_parallel`` (or ``model_parallel``), a shard, counts everywhere (docs/design.md §5)."""
-        if self.mp_group is None or self.mp_rank == 0:
+        if (self.mp_group is None or self.mp_rank == 0) and self.expert_norm != "excluded":
             return [g for grads in norm_of for g in grads], []
         counted, replicas = [], []
         for (_, _, idx), grads, flags in zip(live, norm_of, self._counted):
@@ -351,6 +369,8 @@ class MixedPrecisionOptimizer:
             sq = torch.tensor(kernels.sum_of_squares(grads), dtype=torch.float64)
             if replicas:
                 sq += 0.0 * kernels.sum_of_squares(replicas)
+        if self.expert_norm is not None and self.grads_replicated:
+            return self._expert_rule_norm(sq, grads, replicas)
         self._all_reduce(sq, dist.ReduceOp.SUM)
         total = sq.item()  # the one host sync of a step
         if math.isfinite(total):
@@ -365,6 +385,28 @@ class MixedPrecisionOptimizer:
         sq = self._sum_of_squares(grads, torch.float64)
         self._all_reduce(sq, dist.ReduceOp.SUM)
         return math.sqrt(sq.item())
+
+    def _expert_rule_norm(
+        self, sq: torch.Tensor, grads: list[torch.Tensor], replicas: list[torch.Tensor]
+    ) -> float | None:
+        """DeepSpeed's stage-0 norm with expert parameters (``expert_norm``), from this rank's squared norm
+        ``sq``: the same on every rank of ``process_group``, ``None`` when any rank saw an inf/nan."""
+        if self.mp_group is not None:
+            dist.all_reduce(sq, group=self.mp_group)
+        if not math.isfinite(sq.item()) and not self._has_nonfinite(grads + replicas):
+            sq = self._sum_of_squares(grads, torch.float64)  # finite grads whose fp32 squares overflowed
+            if self.mp_group is not None:
+                dist.all_reduce(sq, group=self.mp_group)
+        ranks = dist.get_world_size(self.process_group) if dist.is_initialized() else 1
+        # rank_mean: the mean of the ranks' norms; excluded: the experts count 0 (their overflow rides
+        # along), so every rank holds the same sum and the mean of it is that sum
+        share = (sq.sqrt() if self.expert_norm == "rank_mean" else sq) / ranks
+        if ranks > 1:
+            dist.all_reduce(share, group=self.process_group)
+        total = share.item()
+        if not math.isfinite(total):
+            return None
+        return total if self.expert_norm == "rank_mean" else math.sqrt(total)
 
     def _sum_of_squares(self, grads: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
         device = self.groups[0].flat_master.device
