@@ -4,7 +4,8 @@ auxiliary losses (and, where DeepSpeed computed one, the global gradient norm) e
 of it (integration/fixtures/deepspeed_moe/, recorded by tools/fixtures/make_moe_fixtures.py), every fixture of
 the world size in one launch: ``world<N>.json`` at ZeRO stage 0, ep 1, 2 (and 4), top-1 and top-2, with and
 without token dropping; ``world<N>-zero.json`` at ZeRO stages 1 and 2 with expert parallelism (ep 2 at world
-2 and 4, ep 4 at world 4), fp32 and bf16, AdamW and SGD with clipping. The losses after the first step depend
+2 and 4, ep 4 at world 4), fp32 and bf16, AdamW and SGD with clipping, and stage 0 with clipping (DeepSpeed's
+stage-0 norms with experts). The losses after the first step depend
 on the expert gradients being reduced over the expert-data-parallel group, at ZeRO on the experts being
 partitioned over it and averaged over the data-parallel world, and with clipping on the norm counting every
 expert once (each seen failing with that part unwired)."""
@@ -25,7 +26,7 @@ from conftest import world_size
 HERE = Path(__file__).parent
 SCRIPT = HERE / "scripts" / "moe" / "moe_train.py"
 FIXTURES = HERE / "fixtures" / "deepspeed_moe"
-REL_TOL = {"fp32": 1e-5, "bf16": 2e-2}  # bf16: the bound of integration/test_dropin.py (summation order)
+REL_TOL = {"fp32": 1e-5, "bf16": 1e-2}  # bf16: integration/test_engine_parity.py's bound (summation order)
 
 
 def _run(world: int, script_args: list[str]) -> dict[str, list[dict]]:
