@@ -134,8 +134,10 @@ def with_trainer(name: str, stage: int, steps: int, out: str, moe_env: bool) -> 
     """An unmodified ``Trainer`` given the DeepSpeed config. The leaf modules come from
     ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, what ``accelerate launch --deepspeed_moe_layer_cls_names``
     sets: transformers 5.25 builds its DeepSpeedPlugin without ``transformer_moe_cls_names``, so Accelerate
-    1.16 reads that variable when the Trainer prepares the model, and nothing else marks leaves (not
-    ``_no_split_modules``); ``moe_env`` sets it to the MoE block's class. Rank 0 prints each logged step's
+    1.16 reads that variable when the Trainer prepares the model; neither reads ``_no_split_modules``.
+    (DeepSpeed 0.19.8's engine also marks Mixtral's, Qwen2-MoE's and Qwen3-MoE's blocks itself, the defaults
+    of its ``zero_optimization.leaf_module`` section; ds does not, so under ds the variable is what marks
+    them.) ``moe_env`` sets it to the MoE block's class. Rank 0 prints each logged step's
     loss (the ranks' mean), the leaf modules, how many tokens each rank sent to each expert in the first
     step, and under ds's stage 3 each step's gathers of MoE-block parameters."""
     import accelerate.state
