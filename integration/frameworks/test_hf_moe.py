@@ -30,18 +30,25 @@ RANKS = [
 ]
 FIXTURE = json.loads((HERE / "fixtures" / "hf_moe.json").read_text())
 
-_runs: dict[tuple[int, int], list[dict]] = {}
+_runs: dict[tuple[int, int], list[dict] | Exception] = {}
 
 
 def run(ranks: int, stage: int) -> list[dict]:
-    """One launch per world size and stage runs every model (the module's tests share it)."""
+    """One launch per world size and stage runs every model (the module's tests share it; a failed launch
+    is not repeated for each test)."""
     if (ranks, stage) not in _runs:
-        _runs[ranks, stage] = run_script(
-            sys.executable, "hf_moe_script.py", "--stage", str(stage), "--steps", str(STEPS),
-            # --moe-env: the Trainer's run sets ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES (without: no leaves)
-            "--models", ",".join(MODELS), "--moe-env", nproc=ranks,
-        )  # fmt: skip
-    return _runs[ranks, stage]
+        try:
+            _runs[ranks, stage] = run_script(
+                sys.executable, "hf_moe_script.py", "--stage", str(stage), "--steps", str(STEPS),
+                # --moe-env: the Trainer's run sets ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES (without: no leaves)
+                "--models", ",".join(MODELS), "--moe-env", nproc=ranks,
+            )  # fmt: skip
+        except Exception as e:  # noqa: BLE001 (raised again below, once per test)
+            _runs[ranks, stage] = e
+    found = _runs[ranks, stage]
+    if isinstance(found, Exception):
+        raise found
+    return found
 
 
 def records(ranks: int, stage: int, model: str, key: str) -> list:
