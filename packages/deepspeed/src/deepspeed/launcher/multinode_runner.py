@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ds_engine import FeatureNotAvailableError
-from ds_launch._mpirun import MpirunNotFound, find_mpirun
+from ds_launch._mpirun import MpirunNotFound, find_hydra_mpirun, find_mpirun
 from ds_launch._ssh import SSH_DEFAULT
 
 __all__ = [
@@ -221,7 +221,12 @@ class MPICHRunner(MultiNodeRunner):
         self.resource_pool = resource_pool
 
     def backend_exists(self) -> Any:
-        return shutil.which("mpirun")
+        """MPICH's mpirun (``mpirun.mpich`` beside Open MPI's ``mpirun`` on Debian; a plain ``mpirun`` only when it
+        is Hydra's)."""
+        try:
+            return find_hydra_mpirun()
+        except MpirunNotFound:
+            return None
 
     @property
     def name(self) -> str:
