@@ -54,7 +54,7 @@ def _context() -> mp.context.BaseContext:
     method = os.environ.get("DS_TEST_START", "forkserver")
     ctx = mp.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo"])
     return ctx
 
 
