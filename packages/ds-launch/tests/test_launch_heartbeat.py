@@ -36,3 +36,41 @@ def test_a_rank_that_exits_at_once_still_reports_its_end():
             assert monitor.unaccounted() == [], f"attempt {attempt}"
         finally:
             monitor.close()
+
+
+ROLE = """
+import os, sys
+import ds_launch
+from ds_launch import _heartbeat
+sys.modules[_heartbeat.LIVE_MODULE] = _heartbeat  # as _rank_entry loads it
+beat = _heartbeat.start_from_env(0)
+ds_launch.set_rank_role("pipeline stage 1 of 2")
+os._exit(0)  # at once, without an end record: the role was passed on as it came
+"""
+
+
+def test_a_rank_s_role_reaches_the_monitor_and_names_it_in_a_stall():
+    monitor = Monitor(world_size=1, stall_timeout_s=1.0)
+    try:
+        env = {**os.environ, MONITOR_ENV: monitor.endpoints()}
+        assert subprocess.run([sys.executable, "-c", ROLE], env=env, timeout=60).returncode == 0
+        monitor.settle(timeout_s=20)
+        deadline = time.monotonic() + 20
+        while not monitor.roles() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert monitor.roles() == {0: "pipeline stage 1 of 2"}
+    finally:
+        monitor.close()
+    stalled = Monitor(world_size=1, stall_timeout_s=1.0)  # a stall's lines name it beside the rank
+    try:
+        t = time.monotonic()
+        rank = stalled._handle(None, {"hello": 0, "host": "h", "pid": 7})
+        stalled._handle(rank, {"role": "pipeline stage 1 of 2"})
+        stalled._handle(rank, {"beat": 0, "cpu_s": 0, "io_bytes": 0, "where": "x.py:3 in forward"})
+        fault = stalled.check(now=t + 2)
+        assert fault is not None and fault.kind == "stalled"
+        assert (
+            "  rank 0 [pipeline stage 1 of 2] on h (pid 7): main thread at x.py:3 in forward" in fault.lines
+        )
+    finally:
+        stalled.close()

@@ -19,6 +19,14 @@ def test_a_record_taken_before_teardown_beats_an_earlier_exit():
     assert lines[2] == "  | rank 2 says bye"
     assert lines[3] == "Then: rank 1 exited with code 1."
     assert lines[4] == "Stopped by ds-launch because of it: rank 0 (was killed by signal SIGTERM (15))."
+    # what the ranks said they are (ds_launch.set_rank_role) goes beside them
+    roles = {0: "pipeline stage 0 of 2", 2: "pipeline stage 1 of 2"}
+    lines = report(ends, lambda rank: [f"rank {rank} says bye"], roles=roles)
+    assert lines[0] == "rank 2 [pipeline stage 1 of 2] exited with code 3: the first rank to fail."
+    assert lines[3] == "Then: rank 1 exited with code 1."
+    assert lines[4] == (
+        "Stopped by ds-launch because of it: rank 0 [pipeline stage 0 of 2] (was killed by signal SIGTERM (15))."
+    )
 
 
 def test_a_rank_that_lost_a_peer_is_named_after_one_that_failed_on_its_own():

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -83,6 +85,12 @@ def faults(rank: int, world: int, case: str) -> str:
     elif case == "stage_dies":
         if rank == 1:
             module.forward = lambda _x: os._exit(7)  # the last stage's process dies at its first forward
+        data = [(x, x)] * 4
+        run.train_batch(iter(data), 4, hooks)  # rank 0 raises: spawn reports its error at once
+    elif case == "stage_hangs":
+        if rank == 1:
+            module.forward = lambda _x: time.sleep(3600)  # alive, but its first forward never ends
+        run.timeout = timedelta(seconds=2)  # the engine gives the job's collective timeout
         data = [(x, x)] * 4
         run.train_batch(iter(data), 4, hooks)  # rank 0 raises: spawn reports its error at once
     else:

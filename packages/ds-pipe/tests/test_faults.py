@@ -33,3 +33,12 @@ def test_a_dead_stage_is_an_error_naming_it_on_its_neighbour():
     with pytest.raises(RuntimeError) as info:  # rank 1 never reports: spawn names it, with rank 0's error
         spawn(faults, 2, "stage_dies", timeout_s=60)
     assert "PipelineError: stage 0: stage 1 (rank 1) failed or died during" in str(info.value)
+
+
+def test_a_hung_stage_is_an_error_naming_it_after_the_timeout():
+    """A stage alive but stuck sends nothing and says nothing: its neighbour gives up after the timeout and
+    names it (a dead one is named at once, above)."""
+    with pytest.raises(RuntimeError) as info:  # rank 1 sleeps on: spawn names rank 0's error and ends it
+        spawn(faults, 2, "stage_hangs", timeout_s=60)
+    assert "PipelineError: stage 0: stage 1 (rank 1) did not answer for 2 s during RecvGrad" in str(info.value)
+    assert "it hangs" in str(info.value)

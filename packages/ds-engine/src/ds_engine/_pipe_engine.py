@@ -3,9 +3,11 @@ scaling, data-parallel reduction and the optimizer step are the engine's, as for
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import ds_launch
 import ds_pipe
 import ds_precision
 import torch
@@ -16,6 +18,7 @@ from ds_engine._assemble import Parts
 from ds_engine._data import RepeatingLoader
 from ds_engine._engine import DeepSpeedEngine
 from ds_engine._pipe_checkpoint import load_pipeline_checkpoint, save_pipeline_checkpoint
+from ds_engine._pipe_setup import collective_timeout
 from ds_engine._timers import BACKWARD, BACKWARD_INNER, BACKWARD_REDUCE
 
 __all__ = ["PipelineEngine"]
@@ -95,11 +98,18 @@ class PipelineEngine(DeepSpeedEngine):
         self.is_pipe_parallel = self.num_stages > 1
         self.is_data_parallel = grid.data_parallel_size > 1
         self.is_model_parallel = grid.model_parallel_size > 1
+        # ds-launch's reports name the stage beside the rank (a failure, a stall)
+        ds_launch.set_rank_role(
+            f"pipeline stage {self.stage_id} of {self.num_stages}"
+            + (f", data-parallel rank {grid.data_parallel_id}" if self.is_data_parallel else "")
+        )
         if config.pipeline.activation_checkpoint_interval > 0:  # the config seeds the module, as in DeepSpeed
             parts.model.set_checkpoint_interval(config.pipeline.activation_checkpoint_interval)
-        self.runner = ds_pipe.PipelineRunner(parts.model, grid, topology.device)
+        # a neighbour that hangs is an error naming its stage after the job's collective timeout
+        self.runner = ds_pipe.PipelineRunner(parts.model, grid, topology.device, timeout=collective_timeout())
         self._hooks = _Hooks(self)
         self.data_iterator: Iterator | None = None
+        self._train_batch_s = 0.0  # train_batch's time since the last steps_per_print line
         self.agg_train_loss: torch.Tensor | None = None
         self.agg_eval_loss: Any = None
         if training_dataloader is not None:
@@ -114,8 +124,18 @@ class PipelineEngine(DeepSpeedEngine):
         self._require_optimizer("train_batch")
         if data_iter is not None:
             self.set_dataiterator(data_iter)
+        start = time.perf_counter()
         loss = self.runner.train_batch(self.data_iterator, self.gradient_accumulation_steps(), self._hooks)
+        self._train_batch_s += time.perf_counter() - start
         self.agg_train_loss = loss
+        every = self.ds_config.steps_per_print
+        if every and self.global_steps % every == 0:  # DeepSpeed's line, on the first rank: the loss returned
+            iter_time, self._train_batch_s = self._train_batch_s / every, 0.0
+            if self.topology.rank == 0:
+                print(
+                    f"steps: {self.global_steps} loss: {loss:0.4f} iter time (s): {iter_time:0.3f} "
+                    f"samples/sec: {self.train_batch_size() / max(iter_time, 1e-9):0.3f}"
+                )
         if self.monitor.enabled and self.topology.rank == 0:
             self.monitor.write_events([("Train/Samples/train_loss", loss.item(), self.global_samples)])
         return loss

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import ds_pipe
+import torch
 import torch.distributed as dist
 from ds_config import DSConfig
 
@@ -12,7 +14,7 @@ from ds_engine._args import InitializeError
 from ds_engine._missing import FeatureNotAvailableError
 from ds_engine.topology import build_topology
 
-__all__ = ["PipelineZeroError", "check_pipeline_config", "pipeline_grid"]
+__all__ = ["PipelineZeroError", "check_pipeline_config", "collective_timeout", "pipeline_grid"]
 
 
 class PipelineZeroError(AssertionError):
@@ -51,6 +53,18 @@ def pipeline_grid(module: ds_pipe.PipelineModule, mpu: Any) -> ds_pipe.PipelineG
     return grid
 
 
+def collective_timeout() -> timedelta | None:
+    """The job's collective timeout: the world group's (``init_distributed(timeout=...)``; 30 minutes unless
+    said), None where the backend does not tell. Groups made by ``new_group`` default to 30 minutes whatever
+    the world's, so the pipeline bounds its waits (and its tied groups) by this one."""
+    for device in ("cuda", "cpu"):
+        try:
+            return dist.group.WORLD._get_backend(torch.device(device)).options._timeout  # type: ignore[union-attr]
+        except (AttributeError, RuntimeError, ValueError):
+            continue
+    return None
+
+
 def _tied_groups(module: ds_pipe.PipelineModule, grid: ds_pipe.PipelineGrid) -> dict[str, dict[str, Any]]:
     """One group per tied key and pipeline (the stages holding the key); every rank makes every group, in
     the same order (``new_group`` is collective)."""
@@ -60,7 +74,7 @@ def _tied_groups(module: ds_pipe.PipelineModule, grid: ds_pipe.PipelineGrid) -> 
     for key, stages in module.tied_keys().items():
         for dp in range(grid.data_parallel_size):
             ranks = [grid.topology().get_rank(pipe=s, data=dp) for s in stages]
-            group = dist.new_group(ranks=ranks)
+            group = dist.new_group(ranks=ranks, timeout=collective_timeout())
             if grid.global_rank in ranks:
                 comms[key] = {"key": key, "ranks": ranks, "group": group}
     return comms

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from ._binding import parse_range, parse_range_list
 from ._discovery import LaunchEnvError, discover_from_env
 from ._excepthook import install_excepthook
+from ._heartbeat import set_rank_role
 from ._hostfile import (
     HostfileError,
     filter_resources,
@@ -42,6 +43,7 @@ __all__ = [
     "parse_range",
     "parse_range_list",
     "select_resources",
+    "set_rank_role",
     "terminate_process_tree",
 ]
 

@@ -20,7 +20,8 @@ host's memory and devices: its beater sends it SIGTERM, and SIGKILL after ``END_
 rank's stderr.
 
 One JSON object per line to the launcher: ``{"hello": rank, "host", "pid"}`` once, then ``{"beat": t,
-"cpu_s", "io_bytes", "where"}`` every ``BEAT_S``, finally ``{"end": record}`` (only when the rank said how
+"cpu_s", "io_bytes", "where"}`` every ``BEAT_S`` (and ``{"role": text}`` when the rank says what it is in the
+job: ``set_rank_role``), finally ``{"end": record}`` (only when the rank said how
 it ended: a rank that vanished without one was killed, or its host lost). One line back, after the hello:
 ``{"heartbeat_timeout": s}``.
 """
@@ -37,6 +38,8 @@ import threading
 import time
 
 MONITOR_ENV = "DS_LAUNCH_MONITOR"
+# the name this file is loaded under in a rank (by ``_rank_entry``), where ``set_rank_role`` finds it
+LIVE_MODULE = "_ds_launch_heartbeat"
 BEAT_S = 1.0
 _CONNECT_TIMEOUT_S = 10.0
 _DEFAULT_LOST_S = 20.0  # the launcher's default --heartbeat_timeout, where it did not say its own
@@ -48,6 +51,7 @@ class Heartbeat:
     """The rank's end of the pipe to its beater process."""
 
     def __init__(self, write_fd: int) -> None:
+        self.role = ""  # what the rank is in the job ("pipeline stage 1"), for the launcher's reports
         self._fd: int | None = write_fd
         self._lock = threading.Lock()
         self._main_ident = threading.get_ident()
@@ -79,6 +83,11 @@ class Heartbeat:
                 )
             time.sleep(BEAT_S)
 
+    def describe(self, role: str) -> None:
+        """Say what this rank is in the job; the beater passes it on to the launcher at once."""
+        self.role = role
+        self._send({"role": role})
+
     def end(self, record: dict) -> None:
         """Say how the rank ends (before the at-exit teardown, which can hang or be killed)."""
         self._send({"end": record})
@@ -86,7 +95,20 @@ class Heartbeat:
             self._forget()
 
 
+current: Heartbeat | None = None  # this rank's, once started
+
+
+def set_rank_role(role: str) -> None:
+    """Name this rank's part in the job (``"pipeline stage 1"``): ds-launch's reports show it beside the rank.
+    Nothing happens in a rank that ds-launch's rank entry did not start."""
+    live = sys.modules.get(LIVE_MODULE)
+    beat = getattr(live, "current", None)
+    if beat is not None:
+        beat.describe(str(role))
+
+
 def start_from_env(rank: int | None) -> Heartbeat | None:
+    global current
     endpoints = os.environ.get(MONITOR_ENV)
     if not endpoints or rank is None:
         return None
@@ -99,7 +121,8 @@ def start_from_env(rank: int | None) -> Heartbeat | None:
         finally:
             os._exit(0)
     os.close(read_fd)
-    return Heartbeat(write_fd)
+    current = Heartbeat(write_fd)
+    return current
 
 
 def _connect(rank: int, endpoints: str) -> socket.socket | None:
@@ -205,12 +228,13 @@ def _forward(sock: socket.socket, parent: int, pipe: int) -> str:
                 message = json.loads(line)
             except ValueError:
                 continue
-            if "end" in message:
+            if "end" in message or "role" in message:  # passed on as they come
                 try:
                     send(line + b"\n")
                 except OSError:
-                    pass  # the rank is ending anyway
-                return ""
+                    pass  # the rank is ending anyway, or the next beat finds the launcher lost
+                if "end" in message:
+                    return ""
             where = message.get("where", where)
 
 

@@ -47,6 +47,7 @@ class _Rank:
     io_bytes: int = 0
     mark: tuple[float, int] = (0.0, 0)  # cpu_s, io_bytes when progress was last seen
     where: str = ""
+    role: str = ""  # what the rank said it is ("pipeline stage 1"; ds_launch.set_rank_role)
     end: dict | None = None
     heard_t: float = 0.0  # when the end was heard
     closed_t: float | None = None  # when its connection closed
@@ -136,9 +137,12 @@ class Monitor:
                     or state.io_bytes - state.mark[1] >= _PROGRESS_IO_BYTES
                 ):
                     state.mark, state.progress_t = (state.cpu_s, state.io_bytes), now
+            elif state is not None and "role" in message:
+                state.role = str(message["role"])
             elif state is not None and "end" in message:
                 # ordered by when the launcher heard it: ranks' own clocks differ between hosts
                 state.end, state.heard_t = {**message["end"], "t_ns": time.monotonic_ns()}, now
+                state.role = str(state.end.get("role", state.role))
         return state
 
     # --- judging -----------------------------------------------------------------------------------
@@ -182,7 +186,7 @@ class Monitor:
             ]
             suspects = sorted(live, key=lambda r: ("distributed" in r.where, r.rank))
             lines += [
-                f"  rank {r.rank} on {r.host} (pid {r.pid}): main thread at {r.where or '?'}"
+                f"  rank {r.rank}{_role(r.role)} on {r.host} (pid {r.pid}): main thread at {r.where or '?'}"
                 for r in suspects
             ]
             missing = sorted(set(range(self.world_size)) - {r.rank for r in ranks})
@@ -209,6 +213,11 @@ class Monitor:
         with self._lock:
             return {r.rank: r.host for r in self._ranks.values()}
 
+    def roles(self) -> dict[int, str]:
+        """What each rank said it is in the job (``ds_launch.set_rank_role``), where it said."""
+        with self._lock:
+            return {r.rank: r.role for r in self._ranks.values() if r.role}
+
     def unaccounted(self) -> list[str]:
         """Lines naming every rank that did not report ending with code 0 (empty: all did)."""
         ends, hosts = self.ends(), self.hosts()
@@ -233,6 +242,10 @@ class Monitor:
 
     def close(self) -> None:
         self._server.close()
+
+
+def _role(role: str) -> str:
+    return f" [{role}]" if role else ""
 
 
 def _ids(ranks: Iterable[_Rank]) -> tuple[int, ...]:

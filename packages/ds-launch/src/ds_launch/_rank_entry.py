@@ -79,6 +79,7 @@ def _start_heartbeat() -> object | None:
     spec = importlib.util.spec_from_file_location("_ds_launch_heartbeat", path)
     module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
     spec.loader.exec_module(module)  # type: ignore[union-attr]
+    sys.modules[module.LIVE_MODULE] = module  # where ds_launch.set_rank_role finds the rank's heartbeat
     return module.start_from_env(rank_from_env(os.environ))
 
 
@@ -96,6 +97,8 @@ def _record_end(code: int, exc: BaseException | None) -> bool:
     import traceback
 
     record: dict[str, object] = {"rank": rank, "code": code, "t_ns": t_ns, "pid": os.getpid()}
+    if getattr(_heartbeat, "role", ""):
+        record["role"] = _heartbeat.role  # type: ignore[attr-defined]
     if exc is not None and not isinstance(exc, SystemExit):
         record["peer_lost"] = _peer_lost(exc)
         trimmed = exc.with_traceback(_without_our_frames(exc.__traceback__))

@@ -166,6 +166,7 @@ def report(
     ends: Sequence[RankEnd],
     tail_of: Callable[[int], list[str] | None],
     hosts: Mapping[int, str] | None = None,
+    roles: Mapping[int, str] | None = None,
 ) -> list[str]:
     """Lines for the user: the first failure with its last stderr lines, then what followed.
 
@@ -173,7 +174,8 @@ def report(
     ranks' stderr apart (under mpirun); the traceback the rank recorded stands in then. When the
     first failure is a ConfigError, each distinct ConfigError message is shown once, naming the ranks
     that raised it, without a traceback or stderr lines (those ranks printed nothing for it). ``hosts``
-    (rank -> host, from the monitor) puts the host beside each rank named when the job spans hosts."""
+    (rank -> host, from the monitor) puts the host beside each rank named when the job spans hosts; ``roles``
+    (rank -> what the rank said it is, ``ds_launch.set_rank_role``: "pipeline stage 1") goes beside it too."""
     first = first_failure(ends)
     if first is None:
         return []
@@ -181,6 +183,8 @@ def report(
         return _config_errors(ends, first)
     where = hosts if hosts and len(set(hosts.values())) > 1 else {}
     on = {rank: f" on {host}" for rank, host in where.items()}
+    for rank, role in (roles or {}).items():
+        on[rank] = f" [{role}]" + on.get(rank, "")
     lines = [
         f"rank {first.rank}{on.get(first.rank, '')} {first.how}"
         + (PEER_LOST_FIRST if first.peer_lost else ": the first rank to fail.")

@@ -369,7 +369,9 @@ def _report_failure(
     names = {spec.rank: spec.name for spec in specs if spec.rank is not None}
     # Under mpirun the ranks' stderr reaches the launcher merged: no tail per rank (None).
     hosts = job.monitor.hosts() if job.monitor is not None else {}
-    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None, hosts):
+    roles = {rank: str(e["role"]) for rank, e in events.items() if e.get("role")}
+    roles.update(job.monitor.roles() if job.monitor is not None else {})
+    for line in report(ends, lambda rank: output.tail(names[rank]) if rank in names else None, hosts, roles):
         _print_log(line)
     if len(set(hosts.values())) > 1:
         _print_log("Ranks by host: " + _ranks_by_host(hosts))

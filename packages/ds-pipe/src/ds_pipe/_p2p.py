@@ -2,11 +2,14 @@
 
 Every message carries its own header (status, then each tensor's dtype, requires_grad and shape), so the
 receiver allocates exactly what arrives, and a sender that fails says so to its neighbour instead of
-leaving it waiting: the receiver raises, naming the stage that failed.
+leaving it waiting: the receiver raises, naming the stage that failed. A neighbour that hangs (alive, so it
+can say nothing) is bounded by ``timeout``: each send and receive waits at most that long, then raises
+the backend's timeout error (the runner names the stage).
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -43,12 +46,29 @@ def _meta(tensors: tuple[torch.Tensor, ...]) -> list[int]:
     return meta
 
 
-def send_tensors(tensors: tuple[torch.Tensor, ...], dst: int, group: Any) -> None:
+def _send(t: torch.Tensor, dst: int, group: Any, timeout: timedelta | None) -> None:
+    if timeout is None:  # the group's own timeout
+        dist.send(t, dst=dst, group=group)
+    else:
+        dist.isend(t, dst=dst, group=group).wait(timeout)
+
+
+def _recv(t: torch.Tensor, src: int, group: Any, timeout: timedelta | None) -> None:
+    if timeout is None:
+        dist.recv(t, src=src, group=group)
+    else:
+        dist.irecv(t, src=src, group=group).wait(timeout)
+
+
+def send_tensors(
+    tensors: tuple[torch.Tensor, ...], dst: int, group: Any, timeout: timedelta | None = None
+) -> None:
+    """Send a header and ``tensors`` to ``dst``; each message waits at most ``timeout`` (None: the group's)."""
     meta = _meta(tensors)
-    dist.send(torch.tensor([_OK, len(meta)], dtype=torch.int64), dst=dst, group=group)
-    dist.send(torch.tensor(meta, dtype=torch.int64), dst=dst, group=group)
+    _send(torch.tensor([_OK, len(meta)], dtype=torch.int64), dst, group, timeout)
+    _send(torch.tensor(meta, dtype=torch.int64), dst, group, timeout)
     for t in tensors:
-        dist.send(t.detach().contiguous(), dst=dst, group=group)
+        _send(t.detach().contiguous(), dst, group, timeout)
 
 
 def send_failure(dst: int, group: Any) -> Any:
@@ -60,14 +80,17 @@ def send_failure(dst: int, group: Any) -> Any:
         return None
 
 
-def recv_tensors(src: int, group: Any, device: torch.device) -> tuple[tuple[torch.Tensor, ...], list[bool]]:
-    """The tensors sent by ``src`` and, per tensor, whether it required grad on the sender."""
+def recv_tensors(
+    src: int, group: Any, device: torch.device, timeout: timedelta | None = None
+) -> tuple[tuple[torch.Tensor, ...], list[bool]]:
+    """The tensors sent by ``src`` and, per tensor, whether it required grad on the sender; each message
+    waits at most ``timeout`` (None: the group's)."""
     header = torch.empty(_HEADER_LEN, dtype=torch.int64)
-    dist.recv(header, src=src, group=group)
+    _recv(header, src, group, timeout)
     if int(header[0]) != _OK:
         raise PeerFailed(f"rank {src} failed before sending")
     meta = torch.empty(int(header[1]), dtype=torch.int64)
-    dist.recv(meta, src=src, group=group)
+    _recv(meta, src, group, timeout)
     m = meta.tolist()
     out, grads, pos = [], [], 1
     for _ in range(m[0]):
@@ -75,7 +98,7 @@ def recv_tensors(src: int, group: Any, device: torch.device) -> tuple[tuple[torc
         shape = m[pos + 3 : pos + 3 + ndim]
         pos += 3 + ndim
         t = torch.empty(shape, dtype=dtype)
-        dist.recv(t, src=src, group=group)
+        _recv(t, src, group, timeout)
         out.append(t.to(device))
         grads.append(rg)
     return tuple(out), grads

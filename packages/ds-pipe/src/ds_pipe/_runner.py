@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any, Protocol
 
 import torch
@@ -36,10 +37,13 @@ class StageHooks(Protocol):
 def _is_transport_error(exc: RuntimeError) -> bool:
     """gloo's (and NCCL's) errors when the peer's process is gone or its connection broke."""
     text = str(exc)
-    return any(
-        m in text
-        for m in ("Connection closed", "Connection reset", "gloo", "NCCL", "Broken pipe", "timed out")
-    )
+    return any(m in text for m in ("Connection closed", "Connection reset", "gloo", "NCCL", "Broken pipe"))
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    """The backend gave up waiting: gloo's "Timed out waiting 3000ms for recv operation", NCCL's watchdog."""
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("timed out" in text or "timeout" in text)
 
 
 def _as_tuple(x: Any) -> tuple[torch.Tensor, ...]:
@@ -62,10 +66,21 @@ def _to(x: Any, device: torch.device) -> Any:
 
 class PipelineRunner:
     """Executes schedules for ``module``'s stage. ``trace`` (a list) receives ``(instruction, start, end)``
-    in ``time.perf_counter`` seconds for every instruction, for the bubble benchmark."""
+    in ``time.perf_counter`` seconds for every instruction, for the bubble benchmark.
 
-    def __init__(self, module: PipelineModule, grid: PipelineGrid, device: torch.device) -> None:
+    ``timeout`` bounds every wait on a neighbouring stage (None: the pipe group's own timeout): a neighbour
+    that hangs, alive but stuck, is then an error naming its stage and rank, as one that fails or dies is.
+    """
+
+    def __init__(
+        self,
+        module: PipelineModule,
+        grid: PipelineGrid,
+        device: torch.device,
+        timeout: timedelta | None = None,
+    ) -> None:
         self.module = module
+        self.timeout = timeout
         self.grid = grid
         self.device = device
         self.stage_id = grid.stage_id
@@ -150,25 +165,52 @@ class PipelineRunner:
         try:
             for step in schedule:
                 for cmd in step:
+                    t0 = time.perf_counter()
                     try:
-                        if self.trace is None:
-                            self._handlers[type(cmd)](cmd)
-                        else:
-                            t0 = time.perf_counter()
-                            self._handlers[type(cmd)](cmd)
-                            self.trace.append((cmd.name, t0, time.perf_counter()))
+                        self._handlers[type(cmd)](cmd)
                     except (PeerFailed, RuntimeError) as exc:
-                        peer = self._peer_of(cmd)
-                        if peer is None or (isinstance(exc, RuntimeError) and not _is_transport_error(exc)):
+                        error = self._explain(cmd, exc, time.perf_counter() - t0)
+                        if error is None:
                             raise
-                        raise PipelineError(
-                            f"stage {self.stage_id}: stage {peer} (rank {self.grid.pp_group[peer]}) failed or died "
-                            f"during {cmd.name} ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); its own "
-                            "error says why"
-                        ) from None
+                        raise error from None
+                    if self.trace is not None:
+                        self.trace.append((cmd.name, t0, time.perf_counter()))
         except BaseException:
             self._tell_neighbours()
             raise
+
+    def _explain(self, cmd: Any, exc: BaseException, waited_s: float) -> PipelineError | None:
+        """What a failed instruction says about the other stages: the neighbour it talks to failed, died or
+        hangs, or a collective of the instruction timed out; None when the error is this stage's own."""
+        peer = self._peer_of(cmd)
+        first_line = (
+            f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}" if str(exc) else type(exc).__name__
+        )
+        if peer is not None:
+            who = f"stage {peer} (rank {self.grid.pp_group[peer]})"
+            if _is_timeout(exc):
+                return PipelineError(
+                    f"stage {self.stage_id}: {who} did not answer for {waited_s:.0f} s during {cmd.name} "
+                    f"({first_line}): it hangs (alive but stuck, in its own work or in a collective the others "
+                    "are not in), or it is slower than the timeout (deepspeed.init_distributed(timeout=...))"
+                )
+            if isinstance(exc, PeerFailed) or _is_transport_error(exc):
+                return PipelineError(
+                    f"stage {self.stage_id}: {who} failed or died during {cmd.name} ({first_line}); its own "
+                    "error says why"
+                )
+            return None
+        if _is_timeout(exc):
+            over = {
+                "ReduceGrads": f"the ranks holding stage {self.stage_id} (data-parallel ranks {self.grid.dp_group})",
+                "ReduceTiedGrads": "the stages holding a tied weight",
+                "OptimizerStep": "every stage (the gradient norm and the overflow check span the pipeline)",
+            }.get(cmd.name, "other ranks")
+            return PipelineError(
+                f"stage {self.stage_id} (rank {self.grid.global_rank}): {cmd.name} waited {waited_s:.0f} s in a "
+                f"collective over {over} and timed out ({first_line}): one of them hangs or failed"
+            )
+        return None
 
     def _peer_of(self, cmd: Any) -> int | None:
         """The stage a point-to-point instruction talks to."""
@@ -259,10 +301,12 @@ class PipelineRunner:
         buf.pop("grads", None)
 
     def _send_activation(self, cmd: Any) -> None:
-        send_tensors(_as_tuple(self._buf(cmd)["outputs"]), self.next_rank, self.grid.pp_proc_group)
+        send_tensors(
+            _as_tuple(self._buf(cmd)["outputs"]), self.next_rank, self.grid.pp_proc_group, self.timeout
+        )
 
     def _recv_activation(self, cmd: Any) -> None:
-        tensors, _ = recv_tensors(self.prev_rank, self.grid.pp_proc_group, self.device)
+        tensors, _ = recv_tensors(self.prev_rank, self.grid.pp_proc_group, self.device, self.timeout)
         if self._train:
             tensors = tuple(t.requires_grad_() if t.is_floating_point() else t for t in tensors)
         self._buf(cmd)["inputs"] = tensors[0] if len(tensors) == 1 else tensors
@@ -271,10 +315,10 @@ class PipelineRunner:
         buf = self._buf(cmd)
         ins = [t for t in _as_tuple(buf.pop("inputs")) if t.is_floating_point()]
         grads = tuple(t.grad if t.grad is not None else torch.zeros_like(t) for t in ins)
-        send_tensors(grads, self.prev_rank, self.grid.pp_proc_group)
+        send_tensors(grads, self.prev_rank, self.grid.pp_proc_group, self.timeout)
 
     def _recv_grad(self, cmd: Any) -> None:
-        grads, _ = recv_tensors(self.next_rank, self.grid.pp_proc_group, self.device)
+        grads, _ = recv_tensors(self.next_rank, self.grid.pp_proc_group, self.device, self.timeout)
         self._buf(cmd)["grads"] = list(grads)
 
     # ------------------------------------------------------------------ the loss every stage returns
@@ -293,5 +337,21 @@ class PipelineRunner:
         else:
             loss = torch.zeros((), dtype=torch.float32, device=self.device)
         if broadcast and self.num_stages > 1:
-            dist.broadcast(loss, src=self.grid.pp_group[-1], group=self.grid.pp_proc_group)
+            self._broadcast_loss(loss)
         return loss
+
+    def _broadcast_loss(self, loss: torch.Tensor) -> None:
+        """The last stage's loss to every stage, waiting at most ``timeout``; a timeout names the last stage."""
+        src, t0 = self.grid.pp_group[-1], time.perf_counter()
+        try:
+            work = dist.broadcast(loss, src=src, group=self.grid.pp_proc_group, async_op=True)
+            work.wait() if self.timeout is None else work.wait(self.timeout)
+        except RuntimeError as exc:
+            if not (_is_timeout(exc) or _is_transport_error(exc)):
+                raise
+            what = "timed out" if _is_timeout(exc) else "failed"
+            raise PipelineError(
+                f"stage {self.stage_id}: the loss broadcast from the last stage (stage {self.num_stages - 1}, rank "
+                f"{src}) {what} after {time.perf_counter() - t0:.0f} s ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:200]}): a stage of this pipeline hangs, failed or died"
+            ) from None
