@@ -41,6 +41,9 @@ class LossScaledStep:
     clip_grad: float
     skipped_steps: int
     global_grad_norm: float | None
+    # DeepSpeed 0.19.8's stage 3 divides the norm it reports by the scale after the step's update, its stages
+    # 1 and 2 by the scale before it (they differ on a step that grows the scale)
+    norm_after_scale_update = False
 
     @property
     def loss_scale(self) -> float:
@@ -110,7 +113,9 @@ class LossScaledStep:
         """The divisor that unscales and clips, from the squared norm of the scaled gradients.
 
         On overflow (``norm_sq`` not finite) the step is skipped: the scaler lowers its scale, the skip
-        is counted, the gradients are cleared, and None is returned.
+        is counted, the gradients are cleared, and None is returned. Otherwise the scaler counts an
+        overflow-free step first, and the divisor is made with the scale it then holds: as in DeepSpeed
+        0.19.8's ZeRO optimizers, a step that grows the scale divides its gradients by the grown scale.
         """
         if not math.isfinite(norm_sq):
             if self.scaler is not None:
@@ -119,15 +124,16 @@ class LossScaledStep:
             self.global_grad_norm = None
             self.zero_grad()
             return None
+        before = self.loss_scale
+        if self.scaler is not None:
+            self.scaler.update_scale(False)
         scale = self.loss_scale
         scaled_norm = math.sqrt(norm_sq)
-        self.global_grad_norm = scaled_norm / scale
+        self.global_grad_norm = scaled_norm / (scale if self.norm_after_scale_update else before)
         return unscale_factor(scaled_norm, scale, self.clip_grad)
 
     def _end_step(self) -> None:
-        """After an applied update: the scaler counts an overflow-free step; gradients are cleared."""
-        if self.scaler is not None:
-            self.scaler.update_scale(False)
+        """After an applied update: gradients are cleared (the scaler counted the step in ``_begin_step``)."""
         self.zero_grad()
 
 

@@ -48,6 +48,8 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
     when skipped for overflow).
     """
 
+    norm_after_scale_update = True  # the norm DeepSpeed 0.19.8's stage 3 reports (LossScaledStep)
+
     def __init__(
         self,
         module: nn.Module,
