@@ -9,6 +9,8 @@ micro-batches (by ``engine.grid``), so the global batch, and the losses, do not 
 
 Usage: gpt_neox_pipe.py --stages P --steps N --out LOSSES.json --deepspeed_config CFG [--save_dir DIR]
        [--load_dir DIR --start_step S]  (weights only: the loss of step S is the saved weights' loss)
+       [--tiny]  (a model of a few hundred weights: fp16 arithmetic on a CPU is very slow)
+       gpt_neox_pipe.py --stages P --out RESULTS.json --runs RUNS.json  (several configs, one job)
 """
 
 import argparse
@@ -24,6 +26,8 @@ from deepspeed.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
 VOCAB, DIM, HEADS, SEQ, LAYERS = 64, 32, 2, 16, 4
+FULL = {"VOCAB": VOCAB, "DIM": DIM, "HEADS": HEADS, "SEQ": SEQ, "LAYERS": LAYERS}
+TINY = {"VOCAB": 16, "DIM": 8, "HEADS": 2, "SEQ": 4, "LAYERS": 2}
 
 
 class EmbeddingPipe(nn.Module):
@@ -103,21 +107,11 @@ def micro_batches(step, micro, per_step, dp_rank, dp_size):
     return out
 
 
-def main():
-    parser = argparse.ArgumentParser(description="GPT-NeoX-style pipeline training")
-    parser.add_argument("--local_rank", type=int, default=-1)
-    parser.add_argument("--stages", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--save_dir", default=None)
-    parser.add_argument("--load_dir", default=None, help="start from this checkpoint's weights")
-    parser.add_argument("--start_step", type=int, default=0, help="the data step to start at")
-    parser = deepspeed.add_config_arguments(parser)
-    args = parser.parse_args()
-
-    deepspeed.init_distributed(dist_backend="gloo")
+def train(args, stages, steps, config=None, tiny=False, start_step=0, load_dir=None, save_dir=None):
+    """Build the pipeline, train ``steps`` steps (from ``start_step``) and return what rank 0 writes."""
+    globals().update(TINY if tiny else FULL)
     world = torch.distributed.get_world_size()
-    topology = PipeDataParallelTopology(num_pp=args.stages, num_dp=world // args.stages)
+    topology = PipeDataParallelTopology(num_pp=stages, num_dp=world // stages)
     model = PipelineModule(
         layers=model_specs(),
         loss_fn=cross_entropy,
@@ -128,35 +122,78 @@ def main():
         base_seed=1234,
         activation_checkpoint_interval=0,
     )
-    engine, _, _, _ = deepspeed.initialize(
-        args=args, model=model, model_parameters=[p for p in model.parameters() if p.requires_grad]
-    )
+    params = [p for p in model.parameters() if p.requires_grad]
+    if config is None:  # the command line's --deepspeed_config
+        engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=params)
+    else:
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=params, config=config)
     micro = engine.train_micro_batch_size_per_gpu()
     per_step = engine.train_batch_size() // micro
     dp_rank, dp_size = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
-    if args.load_dir:
-        engine.load_checkpoint(args.load_dir, load_optimizer_states=False, load_lr_scheduler_states=False)
-    losses, step_times = [], []
-    for step in range(args.start_step, args.steps):
+    if load_dir:
+        engine.load_checkpoint(load_dir, load_optimizer_states=False, load_lr_scheduler_states=False)
+    losses, step_times, skipped, scales = [], [], [], []
+    for step in range(start_step, steps):
         data_iter = iter(micro_batches(step, micro, per_step, dp_rank, dp_size))
         start = time.perf_counter()
         loss = engine.train_batch(data_iter=data_iter)
         step_times.append(time.perf_counter() - start)
         losses.append(float(loss))
-    if args.save_dir:
-        engine.save_checkpoint(args.save_dir)
+        skipped.append(engine.skipped_steps)  # fp16: the steps an overflow skipped, so far
+        scales.append(float(engine.optimizer.loss_scale) if engine.fp16_enabled() else None)  # and the scale
+    if save_dir:
+        engine.save_checkpoint(save_dir)
+    return {
+        "losses": losses,
+        "skipped_steps": skipped,
+        "loss_scales": scales,
+        "step_times": step_times,
+        "parts": [int(p) for p in model.parts],
+        "stages": stages,
+        "world": world,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description="GPT-NeoX-style pipeline training")
+    parser.add_argument("--local_rank", type=int, default=-1)
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--save_dir", default=None)
+    parser.add_argument("--load_dir", default=None, help="start from this checkpoint's weights")
+    parser.add_argument("--start_step", type=int, default=0, help="the data step to start at")
+    parser.add_argument("--tiny", action="store_true", help="the tiny model (for fp16 on a CPU)")
+    parser.add_argument(
+        "--runs",
+        default=None,
+        help='a JSON file {name: {"config": {...}, "steps": N, "tiny": bool}}: each run in turn, in this one '
+        "job; --out then holds {name: result}",
+    )
+    parser = deepspeed.add_config_arguments(parser)
+    args = parser.parse_args()
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    if args.runs:
+        with open(args.runs) as f:
+            runs = json.load(f)
+        result = {
+            name: train(args, args.stages, run["steps"], config=run["config"], tiny=run.get("tiny", False))
+            for name, run in runs.items()
+        }
+    else:
+        result = train(
+            args,
+            args.stages,
+            args.steps,
+            tiny=args.tiny,
+            start_step=args.start_step,
+            load_dir=args.load_dir,
+            save_dir=args.save_dir,
+        )
     if torch.distributed.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump(
-                {
-                    "losses": losses,
-                    "step_times": step_times,
-                    "parts": [int(p) for p in model.parts],
-                    "stages": args.stages,
-                    "world": world,
-                },
-                f,
-            )
+            json.dump(result, f)
 
 
 if __name__ == "__main__":
