@@ -103,6 +103,10 @@ def reference_losses(config: dict, steps: int, dp: int, n_blocks: int = 4) -> li
 def train(
     rank: int, world: int, stages: int, config: dict, steps: int, partition: str = "parameters"
 ) -> dict:
+    """Train the tied model at ``stages`` for ``steps`` batches; what rank 0 printed comes back too."""
+    import contextlib
+    import io
+
     import ds_engine
     from ds_engine.topology import reset_topology
     from ds_pipe import PipelineModule
@@ -124,9 +128,12 @@ def train(
     data = batches(0, dp, steps * gas)
     d = engine.grid.get_data_parallel_rank()
     mine = iter(data[d * steps * gas : (d + 1) * steps * gas])
-    losses = [float(engine.train_batch(mine)) for _ in range(steps)]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        losses = [float(engine.train_batch(mine)) for _ in range(steps)]
+    engine.destroy()  # closes the monitor's files
     return {
         "losses": losses,
+        "printed": printed.getvalue(),
         "stage": engine.stage_id,
         "parts": model.parts,
         "first": engine.is_first_stage(),
@@ -230,6 +237,84 @@ def checkpoint_roundtrip(rank: int, world: int, stages: int, root: str, resume_s
     return {"after": after, "again": again, "eval": float(first), "client": client, "error": error}
 
 
-def train_each(rank: int, world: int, stages: int, configs: list[dict], steps: int) -> list[list[float]]:
-    """``train`` for each config in turn, in the same processes (one spawn for several precisions)."""
-    return [train(rank, world, stages, c, steps)["losses"] for c in configs]
+class Plain(nn.Module):
+    """The same model without a pipeline: the layers seeded as ``seed_layers`` seeds them, one embedding used
+    twice (the tied input and output)."""
+
+    def __init__(self, n_blocks: int = 4, base: int = 1234) -> None:
+        super().__init__()
+        torch.manual_seed(base)
+        self.embed = Embed()
+        blocks = []
+        for idx in range(1, n_blocks + 1):
+            torch.manual_seed(base + idx)
+            blocks.append(Block())
+        self.blocks = nn.Sequential(*blocks)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return head(self.embed, self.blocks(self.embed(ids)))
+
+
+def plain_losses(rank: int, world: int, config: dict, steps: int, pipe_gas: int, pipe_dp: int) -> list[float]:
+    """The plain model under the ordinary engine on every rank of the job (data parallel only), reading the
+    micro-batches a pipeline of ``pipe_dp`` data-parallel ranks x ``pipe_gas`` micro-batches read in each
+    step; returns each step's mean loss over all ranks' micro-batches (the pipeline's returned loss)."""
+    import ds_engine
+    import torch.distributed as dist
+    from ds_engine.topology import reset_topology
+
+    reset_topology()
+    gas = pipe_gas * pipe_dp // world  # the same micro-batches per step, spread over every rank
+    model = Plain()
+    cfg = {**copy.deepcopy(config), "gradient_accumulation_steps": gas}
+    engine, *_ = ds_engine.initialize(model=model, config=cfg, model_parameters=model.parameters())
+    data = batches(0, pipe_dp, steps * pipe_gas)
+    per_dp = world // pipe_dp  # this many ranks share a pipeline data-parallel rank's micro-batches
+    d, h = divmod(rank, per_dp)
+    out = []
+    for step in range(steps):
+        first = d * steps * pipe_gas + step * pipe_gas + h * gas
+        total = torch.zeros(())
+        for x, y in data[first : first + gas]:
+            loss = loss_fn(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach() / gas
+        dist.all_reduce(total)
+        out.append(float(total) / world)
+    return out
+
+
+def two_ranks(rank: int, world: int, root: str, config: dict, steps: int) -> dict:
+    """Everything test_pipeline.py asks of 2 ranks, in one spawn (each start costs seconds of imports):
+    fp32 at 2 stages with steps_per_print and the csv monitor; bf16 and fp16; the refusals; checkpoints at
+    the same and at another degree; the activation_checkpoint_interval key."""
+    import os
+
+    monitor = {"enabled": True, "output_path": os.path.join(root, "monitor"), "job_name": "pipe"}
+    out: dict[str, Any] = {}
+    out["fp32"] = train(rank, world, 2, {**config, "steps_per_print": 1, "csv_monitor": monitor}, steps)
+    out["bf16"] = train(rank, world, 2, {**config, "bf16": {"enabled": True}}, steps)["losses"]
+    out["fp16"] = train(
+        rank, world, 2, {**config, "fp16": {"enabled": True, "initial_scale_power": 12}}, steps
+    )["losses"]
+    out["refusals"] = refusals(rank, world)
+    out["checkpoint_same"] = checkpoint_roundtrip(rank, world, 2, os.path.join(root, "same"), 2)
+    out["checkpoint_other"] = checkpoint_roundtrip(rank, world, 2, os.path.join(root, "other"), 1)
+    base = {k: config[k] for k in ("train_micro_batch_size_per_gpu", "optimizer")}
+    base["gradient_accumulation_steps"] = 2
+    out["act_ckpt"] = (
+        checkpoint_interval_calls(rank, world, base),
+        checkpoint_interval_calls(rank, world, {**base, "pipeline": {"activation_checkpoint_interval": 1}}),
+    )
+    return out
+
+
+def four_ranks(rank: int, world: int, config: dict, steps: int) -> dict:
+    """2 stages x 2 data-parallel ranks: fp32, and ZeRO-1 beside the plain model's ZeRO-1 over all 4 ranks."""
+    zero1 = {**config, "zero_optimization": {"stage": 1}}
+    return {
+        "fp32": train(rank, world, 2, config, steps),
+        "zero1": train(rank, world, 2, zero1, steps),
+        "plain_zero1": plain_losses(rank, world, zero1, steps, config["gradient_accumulation_steps"], 2),
+    }
