@@ -141,8 +141,13 @@ def test_a_dead_stage_ends_the_job_within_a_minute_naming_it():
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     assert elapsed < 60 + 30, elapsed  # a minute after the death, plus the job's start on a loaded machine
-    assert "stage 0: stage 1 (rank 1) failed or died" in out, out[-3000:]  # the survivor names the dead stage
-    assert "rank 1 [pipeline stage 1 of 2] exited with code 9" in out, out[-3000:]  # and so does the report
+    assert "rank 1 [pipeline stage 1 of 2] exited with code 9" in out, out[
+        -3000:
+    ]  # the report names the stage
+    # the survivor names it too when its error comes before ds-launch stops it (a race: ds-launch stops the
+    # job as soon as it sees the death; packages/ds-pipe/tests/test_faults.py checks the survivor's error)
+    if "PipelineError" in out:
+        assert "stage 0: stage 1 (rank 1) failed or died" in out, out[-3000:]
 
 
 @pytest.mark.skipif(world_size() != 2, reason="one 2-rank job is enough to see a hung stage end it")
