@@ -301,7 +301,7 @@ ABSENT: dict[str, str] = {
     "deepspeed.runtime.zero.linear": "ZeRO-3's memory-saving linear autograd function: ds's stage 3 gathers around module forwards",
     "deepspeed.runtime.zero.unwrap_model_for_generation": "gathering a ZeRO-3 model for generation: use deepspeed.zero.GatheredParameters",
     "deepspeed.runtime.zero.muon": "the Muon optimizer: not in ds-optim",
-    "deepspeed.runtime.zero.leaf_module_config": "the zero_optimization.leaf_module config section: not read by ds; mark leaves with deepspeed.utils.set_z3_leaf_modules",
+    "deepspeed.runtime.zero.leaf_module_config": "DeepSpeed's model of the zero_optimization.leaf_module section: ds's is ds_config.LeafModuleConfig (same fields, defaults and checks; the engine applies it)",
     "deepspeed.runtime.zero.offload_states": "engine.offload_states / reload_states: not in ds",
     "deepspeed.runtime.zero.parameter_offload": "DeepSpeed's parameter-offload coordinator: ds_zero.stage3 gathers and releases parameters itself",
     "deepspeed.runtime.zero.partitioned_param_coordinator": "DeepSpeed's stage-3 prefetch coordinator: ds_zero.stage3's FetchSchedule",
@@ -339,10 +339,6 @@ ABSENT: dict[str, str] = {
         "group is the world, model/tensor-parallel size 1 and rank 0)"
     ),
     "deepspeed.utils.logging": _INTERNAL,
-    "deepspeed.utils.z3_leaf_module": (
-        "apply_zero_leaf_module_config (the zero_optimization.leaf_module section): not read by ds; the marking "
-        "functions are provided"
-    ),
     "deepspeed.utils.zero_to_fp32": (
         "the zero_to_fp32 script's internals for DeepSpeed's pickled files: ds reads its own checkpoints through "
         "ds_checkpoint.fp32_state_dict (the script's public functions are provided)"

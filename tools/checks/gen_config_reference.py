@@ -45,6 +45,7 @@ SECTIONS: list[tuple[str, str, type[BaseModel]]] = [
         "zero_optimization.offload_param",
         ds_config.OffloadParamConfig,
     ),
+    ("zero_optimization.leaf_module", "zero_optimization.leaf_module", ds_config.LeafModuleConfig),
     ("activation_checkpointing", "activation_checkpointing", ds_config.ActivationCheckpointingConfig),
     ('sparse_attention, mode "dense"', "sparse_attention", ds_config.DenseSparseAttentionConfig),
     ('sparse_attention, mode "fixed" (default)', "sparse_attention", ds_config.FixedSparseAttentionConfig),

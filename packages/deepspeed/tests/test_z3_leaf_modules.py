@@ -77,3 +77,25 @@ def test_z3_leaf_parameter_is_deepspeeds_attribute():
     assert not z3_leaf_parameter(p)
     p.ds_z3_leaf_module = nn.Linear(1, 1)
     assert z3_leaf_parameter(p)
+
+
+def test_apply_zero_leaf_module_config_marks_classes_names_and_suffixes():
+    from types import SimpleNamespace
+
+    from deepspeed.utils.z3_leaf_module import apply_zero_leaf_module_config
+
+    net = Net()
+    assert apply_zero_leaf_module_config(net, None) == []
+    cfg = SimpleNamespace(classes=["Moe"], names=[], name_suffixes=[])
+    assert apply_zero_leaf_module_config(net, cfg) == [net.a, net.b]
+    net = Net()
+    cfg = SimpleNamespace(classes=[], names=["head"], name_suffixes=["b.gate"])
+    assert apply_zero_leaf_module_config(net, cfg) == [net.head, net.b.gate]
+    net = Net()  # DeepSpeed's defaults: no Hugging Face block here, nothing marked
+    assert apply_zero_leaf_module_config(net, SimpleNamespace(**_defaults())) == []
+
+
+def _defaults() -> dict:
+    from ds_config import LeafModuleConfig
+
+    return LeafModuleConfig().model_dump()

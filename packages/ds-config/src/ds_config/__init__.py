@@ -28,6 +28,7 @@ from ._fields import CONFIG_FIELDS, NO_EFFECT, leaf_paths
 from ._load import load_config
 from ._loss_scale import LossScaleConfig
 from ._models import (
+    DEFAULT_LEAF_MODULE_CLASSES,
     NATIVE_OPTIMIZERS,
     NATIVE_SCHEDULERS,
     SPARSE_ATTENTION_MODES,
@@ -41,6 +42,7 @@ from ._models import (
     DSConfig,
     FixedSparseAttentionConfig,
     FP16Config,
+    LeafModuleConfig,
     OffloadOptimizerConfig,
     OffloadParamConfig,
     OptimizerConfig,
@@ -103,6 +105,8 @@ __all__ = [
     "FixedSparseAttentionConfig",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
+    "LeafModuleConfig",
+    "DEFAULT_LEAF_MODULE_CLASSES",
     "OptimizerConfig",
     "SchedulerConfig",
     "SparseAttentionConfig",

@@ -51,7 +51,6 @@ DEEPSPEED_REFUSED: dict[str, str] = {
     "data_types.buffer_dtype": "ds keeps buffers in the model's precision; buffer_dtype is not in ds",
     "data_types.keep_in_fp32_modules": "keeping chosen modules in fp32 under bf16/fp16 is not in ds",
     "zero_optimization.zenflow": "ZenFlow (stall-free offload) is not in ds",
-    "zero_optimization.leaf_module": "ds takes ZeRO-3 leaf modules through deepspeed.utils.set_z3_leaf_modules only",
     "zero_optimization.offload_optimizer.super_offload": "SuperOffload is not in ds",
     "zero_optimization.offload_optimizer.cpuadam_cores_perc": "ds's CPU Adam uses torch's threads (torch.set_num_threads)",
     "zero_optimization.compute_grad_norm": "ds always computes the gradient norm it clips with",

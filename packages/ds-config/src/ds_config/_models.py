@@ -62,6 +62,8 @@ __all__ = [
     "FixedSparseAttentionConfig",
     "OffloadOptimizerConfig",
     "OffloadParamConfig",
+    "LeafModuleConfig",
+    "DEFAULT_LEAF_MODULE_CLASSES",
     "OptimizerConfig",
     "SchedulerConfig",
     "SparseAttentionConfig",
@@ -379,6 +381,59 @@ class OffloadParamConfig(_Section):
     )
 
 
+DEFAULT_LEAF_MODULE_CLASSES: tuple[str, ...] = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+"""DeepSpeed 0.19.8's default ``zero_optimization.leaf_module.classes``: Hugging Face's sparse MoE blocks."""
+
+
+class LeafModuleConfig(_Section):
+    """``zero_optimization.leaf_module``: modules stage 3 treats as leaves (DeepSpeed 0.19.8's section): a leaf's
+    parameters, its submodules' included, are gathered once for its forward and once for its backward, with no
+    hooks inside it. The engine marks them at initialize (the ``_z3_leaf`` flag of
+    ``deepspeed.utils.set_z3_leaf_modules``); by default Mixtral's, Qwen2-MoE's and Qwen3-MoE's sparse MoE
+    blocks. A name that matches nothing is no error (a warning when it is not a default)."""
+
+    # DeepSpeed's pydantic model refuses null for these lists (not read through dict.get): an error here too
+    NULL_REFUSED: ClassVar[frozenset[str]] = frozenset({"classes", "names", "name_suffixes"})
+
+    classes: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LEAF_MODULE_CLASSES),
+        description="Module classes marked as leaves, by class name or module-qualified name (one string is "
+        "a list of one; duplicates dropped). Default: Hugging Face's MixtralSparseMoeBlock, "
+        "Qwen2MoeSparseMoeBlock and Qwen3MoeSparseMoeBlock (module-qualified); [] marks none by class.",
+    )
+    names: list[str] = Field(
+        default_factory=list,
+        description="Modules marked as leaves by their name in model.named_modules() (one string is a list of one).",
+    )
+    name_suffixes: list[str] = Field(
+        default_factory=list,
+        description="Modules marked as leaves when their name in model.named_modules() ends with one of these.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_string_is_a_list(cls, values: Any) -> Any:
+        if values is None:  # DeepSpeed: leaf_module: null is the defaults
+            return {}
+        if not isinstance(values, dict):
+            raise ValueError("leaf_module configuration must be a mapping of fields to values")
+        values = dict(values)
+        for key in ("classes", "names", "name_suffixes"):
+            if isinstance(values.get(key), str):
+                values[key] = [values[key]]
+        return values
+
+    @model_validator(mode="after")
+    def _dedupe(self) -> LeafModuleConfig:
+        for key in ("classes", "names", "name_suffixes"):
+            object.__setattr__(self, key, list(dict.fromkeys(getattr(self, key))))
+        return self
+
+
 class ZeroConfig(_Section):
     """``zero_optimization``: ZeRO stage 1 (optimizer state), 2 (+ gradients) and 3 (+ parameters) partitioning."""
 
@@ -508,6 +563,12 @@ class ZeroConfig(_Section):
     stage3_gather_fp16_weights_on_model_save: JsonBool = Field(
         False,
         description="Deprecated spelling of stage3_gather_16bit_weights_on_model_save; do not give both.",
+    )
+
+    leaf_module: LeafModuleConfig = Field(
+        default_factory=LeafModuleConfig,
+        description="Modules made ZeRO-3 leaves at initialize, by class, name or name suffix (see the "
+        "leaf_module table); by default Hugging Face's Mixtral/Qwen2-MoE/Qwen3-MoE sparse MoE blocks.",
     )
 
     # ---- ZeRO++ (stage 3 across hosts; defaults as DeepSpeed 0.19)

@@ -143,7 +143,7 @@ def _walk(model: type[BaseModel], data: dict[str, Any], path: str, strict: bool,
             _unknown(path, str(key), value, list(fields), strict, prep)
             del data[key]
             continue
-        if value is None:
+        if value is None and key not in getattr(model, "NULL_REFUSED", ()):
             del data[key]  # an explicit JSON null behaves like an absent key, as in DeepSpeed's dict.get
             continue
         sub = _join(path, key)

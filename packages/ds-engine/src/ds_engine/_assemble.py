@@ -20,6 +20,7 @@ from torch import nn
 
 from ds_engine._args import InitializeError
 from ds_engine._host_groups import zeropp_host_groups
+from ds_engine._leaf_config import apply_leaf_module_config
 from ds_engine._missing import FeatureNotAvailableError
 from ds_engine._moe import MoeParts, setup_moe
 from ds_engine.topology import ParallelTopology
@@ -95,7 +96,10 @@ def assemble(
                 plan.source,
             )
 
-    # 1. dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
+    # 1. ZeRO-3 leaf modules of the config (DeepSpeed marks them first, at every stage: Hugging Face's sparse
+    # MoE blocks by default), so that stage 3 finds them when it installs its hooks.
+    apply_leaf_module_config(model, cfg.zero_optimization.leaf_module)
+    # dtype and device first: ZeRO and the fp32 master copies flatten the parameters as they are.
     check_partitioned_model(model, cfg.zero_optimization.stage)
     dtype = model_dtype(cfg)
     model.to(device=topology.device, dtype=dtype)

@@ -16,6 +16,9 @@ CONFIG_FIELDS: tuple[str, ...] = (
     "amp.enabled",
     "zero_optimization.stage",
     "zero_optimization.offload_optimizer.device",
+    "zero_optimization.leaf_module.classes",  # _leaf_config: the leaves marked at initialize
+    "zero_optimization.leaf_module.names",
+    "zero_optimization.leaf_module.name_suffixes",
     "gradient_clipping",
     # _initialize / _sequence / DeepSpeedEngine.backward: Ulysses groups and gradient scale
     "sequence_parallel_size",

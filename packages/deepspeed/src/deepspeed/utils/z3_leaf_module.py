@@ -20,6 +20,7 @@ from ds_zero.stage3 import (
 from torch import nn
 
 __all__ = [
+    "apply_zero_leaf_module_config",
     "get_z3_leaf_modules",
     "set_z3_leaf_module",
     "set_z3_leaf_modules",
@@ -95,3 +96,21 @@ def set_z3_leaf_modules_by_suffix(
 ) -> tuple[list[nn.Module], list[str]]:
     """Mark the modules whose ``named_modules()`` name ends with one of the suffixes."""
     return _by(model, module_name_suffixes, lambda name, key: name.endswith(key), flag, raise_if_not_found)
+
+
+def apply_zero_leaf_module_config(model: nn.Module, leaf_cfg) -> list[nn.Module]:
+    """Mark the modules of a ``zero_optimization.leaf_module`` section (``ds_config.LeafModuleConfig``, or any
+    object with ``classes``, ``names`` and ``name_suffixes``), as initialize does; ``None`` marks nothing.
+    Returns the modules marked."""
+    if leaf_cfg is None:
+        return []
+    from ds_config import LeafModuleConfig
+    from ds_engine._leaf_config import apply_leaf_module_config
+
+    if not isinstance(leaf_cfg, LeafModuleConfig):
+        leaf_cfg = LeafModuleConfig(
+            classes=list(leaf_cfg.classes),
+            names=list(leaf_cfg.names),
+            name_suffixes=list(leaf_cfg.name_suffixes),
+        )
+    return apply_leaf_module_config(model, leaf_cfg)
