@@ -1,12 +1,14 @@
 """Hugging Face mixture-of-experts models (tiny configs built in code, no hub access) under a DeepSpeed
 config's ZeRO stage, at 2 or 4 ranks (torchrun, gloo, CPU).
 
-``mixtral_trainer`` is an unmodified ``Trainer`` given the config (leaf modules from
-``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, as ``accelerate launch --deepspeed_moe_layer_cls_names`` sets
-it: ``--moe-env``);
+``mixtral_trainer`` is an unmodified ``Trainer`` given the config: its MoE blocks are leaves by the defaults
+of the config's ``zero_optimization.leaf_module`` section (DeepSpeed 0.19.8's: Mixtral's, Qwen2-MoE's and
+Qwen3-MoE's sparse MoE blocks), or with ``--moe-env`` also from ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``,
+as ``accelerate launch --deepspeed_moe_layer_cls_names`` sets it;
 ``mixtral`` goes through Accelerate with ``DeepSpeedPlugin(transformer_moe_cls_names=...)`` (which calls
 ``deepspeed.utils.set_z3_leaf_modules``); Qwen3-MoE and DeepSeek-V3 through ``deepspeed.initialize`` after
-``set_z3_leaf_modules`` on their MoE block. Each rank trains on tokens from its own half of the vocabulary,
+``set_z3_leaf_modules`` on their MoE block. These three turn the section's defaults off
+(``"leaf_module": {"classes": []}``), so their leaves come from the marking under test alone. Each rank trains on tokens from its own half of the vocabulary,
 so ranks route to different experts. Rank 0 prints {"model": m, "step": n, "loss": x} per step (the ranks'
 mean) and {"model": m, "leaf_modules": k, "leaf_params": p}; the Trainer's run also the tokens each rank
 routed to each expert and (ds's stage 3) the gathers of MoE-block parameters per step. Usage:
@@ -56,11 +58,15 @@ def tokens(step: int, rank: int) -> torch.Tensor:
     return torch.randint(lo, lo + VOCAB // 2, (MICRO, SEQ), generator=g)
 
 
-def config(stage: int) -> dict:
+def config(stage: int, leaf_defaults: bool = True) -> dict:
+    """``leaf_defaults=False``: no zero_optimization.leaf_module defaults (the leaves are the caller's)."""
+    zero = {"stage": stage, "stage3_param_persistence_threshold": 0}
+    if not leaf_defaults:
+        zero["leaf_module"] = {"classes": []}
     return {
         "train_micro_batch_size_per_gpu": MICRO,
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0},
+        "zero_optimization": zero,
         "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
         "gradient_clipping": 1.0,
     }
@@ -84,7 +90,7 @@ def with_accelerate(name: str, stage: int, steps: int) -> None:
     accelerate.state.get_torch_accelerator_backend = lambda *args, **kwargs: ("cpu", None)
     accelerate.state.get_distributed_backend = lambda device: "gloo"
     model, block = build(name)
-    plugin = DeepSpeedPlugin(hf_ds_config=config(stage), transformer_moe_cls_names=block)
+    plugin = DeepSpeedPlugin(hf_ds_config=config(stage, leaf_defaults=False), transformer_moe_cls_names=block)
     accelerator = Accelerator(deepspeed_plugin=plugin)
     model, optimizer = accelerator.prepare(model, DummyOptim(model.parameters()))
     leaf(name, model)
@@ -104,7 +110,9 @@ def with_initialize(name: str, stage: int, steps: int) -> None:
 
     model, block = build(name)
     set_z3_leaf_modules(model, [block])
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config(stage))
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=model.parameters(), config=config(stage, leaf_defaults=False)
+    )
     leaf(name, engine.module)
     rank = dist.get_rank()
     for step in range(1, steps + 1):
@@ -131,13 +139,13 @@ class Tokens(torch.utils.data.Dataset):
 
 
 def with_trainer(name: str, stage: int, steps: int, out: str, moe_env: bool) -> None:
-    """An unmodified ``Trainer`` given the DeepSpeed config. The leaf modules come from
-    ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, what ``accelerate launch --deepspeed_moe_layer_cls_names``
-    sets: transformers 5.25 builds its DeepSpeedPlugin without ``transformer_moe_cls_names``, so Accelerate
-    1.16 reads that variable when the Trainer prepares the model; neither reads ``_no_split_modules``.
-    (DeepSpeed 0.19.8's engine also marks Mixtral's, Qwen2-MoE's and Qwen3-MoE's blocks itself, the defaults
-    of its ``zero_optimization.leaf_module`` section; ds does not, so under ds the variable is what marks
-    them.) ``moe_env`` sets it to the MoE block's class. Rank 0 prints each logged step's
+    """An unmodified ``Trainer`` given the DeepSpeed config. The leaf modules come from the defaults of the
+    config's ``zero_optimization.leaf_module`` section (the engine marks Mixtral's, Qwen2-MoE's and
+    Qwen3-MoE's blocks at initialize, as DeepSpeed 0.19.8's does); ``moe_env`` also sets
+    ``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES`` to the MoE block's class, what ``accelerate launch
+    --deepspeed_moe_layer_cls_names`` sets (transformers 5.25 builds its DeepSpeedPlugin without
+    ``transformer_moe_cls_names``, so Accelerate 1.16 reads that variable when the Trainer prepares the
+    model; neither reads ``_no_split_modules``). Rank 0 prints each logged step's
     loss (the ranks' mean), the leaf modules, how many tokens each rank sent to each expert in the first
     step, and under ds's stage 3 each step's gathers of MoE-block parameters."""
     import accelerate.state
@@ -227,7 +235,7 @@ def main() -> None:
         "--moe-env",
         action="store_true",
         help="the Trainer's run sets ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES to the MoE block's class, as "
-        "`accelerate launch --deepspeed_moe_layer_cls_names` does (without: no leaf modules there)",
+        "`accelerate launch --deepspeed_moe_layer_cls_names` does (without: the leaf_module defaults alone)",
     )
     args = p.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -1,8 +1,9 @@
 """Hugging Face MoE models under ds's ZeRO-3 with leaf modules, ranks' tokens routed to different experts:
-they finish, with ZeRO-2's losses. Mixtral through an unmodified ``Trainer`` (its leaf modules from
-``ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES``, what ``accelerate launch --deepspeed_moe_layer_cls_names``
-sets) and through Accelerate's ``transformer_moe_cls_names``; Qwen3-MoE and DeepSeek-V3 through
-``set_z3_leaf_modules``. The Trainer's 2-rank ZeRO-3 losses also equal DeepSpeed 0.19.8's
+they finish, with ZeRO-2's losses. Mixtral through an unmodified ``Trainer`` (its leaf modules from the
+defaults of ``zero_optimization.leaf_module``, as under DeepSpeed 0.19.8: nothing marks them but the engine)
+and through Accelerate's ``transformer_moe_cls_names``; Qwen3-MoE and DeepSeek-V3 through
+``set_z3_leaf_modules``: these three with the section's defaults off in the config, so their leaves are the
+marking's (Qwen3-MoE is a default too). The Trainer's 2-rank ZeRO-3 losses also equal DeepSpeed 0.19.8's
 (fixtures/hf_moe.json, recorded by tools/fixtures/make_framework_fixtures.py).
 
 Each case runs at the session's world size (``DS_TEST_WORLD_SIZE``, 2 by default and in CI); the 4-rank
@@ -40,8 +41,8 @@ def run(ranks: int, stage: int) -> list[dict]:
         try:
             _runs[ranks, stage] = run_script(
                 sys.executable, "hf_moe_script.py", "--stage", str(stage), "--steps", str(STEPS),
-                # --moe-env: the Trainer's run sets ACCELERATE_DEEPSPEED_MOE_LAYER_CLS_NAMES (without: no leaves)
-                "--models", ",".join(MODELS), "--moe-env", nproc=ranks,
+                # no --moe-env: the Trainer's leaves come from the leaf_module defaults alone
+                "--models", ",".join(MODELS), nproc=ranks,
             )  # fmt: skip
         except Exception as e:  # noqa: BLE001 (raised again below, once per test)
             _runs[ranks, stage] = e
@@ -70,9 +71,10 @@ def test_zero3_with_leaf_modules_matches_zero2(ranks, model):
 
 @pytest.mark.parametrize("ranks", RANKS)
 def test_trainer_gathers_each_moe_block_whole_once_a_pass(ranks):
-    """Through the Trainer, each MoE block's parameters are gathered in one piece, once in the forward and
-    once in the backward (without leaf modules: the router and the experts apart, 10 gathers a step), while
-    the ranks send their tokens to different experts."""
+    """Through a plain Trainer (no MoE class named anywhere: the leaf_module defaults), each MoE block's
+    parameters are gathered in one piece, once in the forward and once in the backward (without leaf
+    modules: the router and the experts apart, 10 gathers a step), while the ranks send their tokens to
+    different experts."""
     (routed,) = records(ranks, 3, "mixtral_trainer", "routed")  # [rank][block][expert] tokens, first step
     assert len(routed) == ranks and any(r != routed[0] for r in routed[1:]), routed
     (gathers,) = records(ranks, 3, "mixtral_trainer", "block_gathers")

@@ -394,7 +394,7 @@ DIFFERS: dict[str, str] = {
     ),
     "deepspeed.runtime.zero.config.DeepSpeedZeroConfig": (
         "a view over ds_config's ZeroConfig: keyword construction only (no positional strict), and the keys of "
-        "features ds lacks (zenflow, leaf modules, Muon, ...) are not fields"
+        "features ds lacks (zenflow, Muon, ...) are not fields"
     ),
     "deepspeed.runtime.zero.offload_config.DeepSpeedZeroOffloadOptimizerConfig": (
         "a view over ds_config's offload section: keyword construction only; super_offload and cpuadam_cores_perc "
