@@ -1,5 +1,6 @@
-"""Workers of the quantized frozen-weights test: a LoRA-style model (frozen base, trainable low-rank
-adapters) on 2 gloo ranks, built from a config with ``zero_quantized_nontrainable_weights`` off and on.
+"""Workers of the frozen-weights tests: a LoRA-style model (frozen base, trainable low-rank adapters) on 2
+gloo ranks, built from a config with ``zero_quantized_nontrainable_weights`` off and on, and as ds kept frozen
+parameters before it partitioned them (``whole``: left whole on every rank, ``_whole_frozen``).
 
 Each run measures, on its rank: the bytes of the stored partitions of the frozen parameters (their real
 tensors' storages), every live CPU tensor storage after wrapping, the collectives on the wire
@@ -8,11 +9,15 @@ tensors' storages), every live CPU tensor storage after wrapping, the collective
 
 from __future__ import annotations
 
+from unittest import mock
+
 import torch
 import torch.distributed as dist
 from _zeropp_workers import Wire, batch
 from ds_config import load_config
 from ds_zero import PartitionOnConstruction, StateDictMismatchError, ZeroStage3Optimizer
+from ds_zero.stage3._construct import is_constructed_partitioned
+from ds_zero.stage3._partition import PartitionedParams, _make_whole
 from rank_testing.memory import live_storage_bytes
 from torch import nn
 
@@ -73,6 +78,18 @@ def _stored_bytes(model: nn.Module) -> tuple[int, int, set[str]]:
         numel += held.numel()
         dtypes.add(str(held.dtype))
     return nbytes, numel, dtypes
+
+
+def _whole_frozen(self, p, names, device, quantized) -> None:
+    """ds's frozen parameters before they were partitioned: left whole (gathered whole if cut at
+    construction), unmanaged; the baseline of the exact losses."""
+    if is_constructed_partitioned(p):
+        _make_whole(p)
+
+
+def whole(rank: int, world: int, dtype: torch.dtype, steps: int) -> dict:
+    with mock.patch.object(PartitionedParams, "_partition_frozen", _whole_frozen):
+        return run(rank, world, False, dtype, steps)
 
 
 def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) -> dict:
@@ -146,9 +163,10 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
     }
 
 
-def built_in_init(rank: int, world: int) -> dict[bool, bool]:
+def built_in_init(rank: int, world: int) -> dict[bool, tuple[bool, bool]]:
     """Per value of the key: does a model built inside ``zero.Init`` (frozen weights cut as they are built)
-    compute what a plain model holding its gathered state computes?"""
+    compute what a plain model holding its gathered state computes, and are its frozen weights still
+    partitioned once the optimizer is built (empty data, a piece of at most half their elements)?"""
     x, _ = batch(0, world)
     out = {}
     for quantized in (False, True):
@@ -157,19 +175,26 @@ def built_in_init(rank: int, world: int) -> dict[bool, bool]:
             model = Net()
         opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
         zero = ZeroStage3Optimizer.from_config(model, opt, load_config(config(quantized), world_size=world))
+        cut = all(
+            p.data.numel() == 0 and p.ds_tensor.numel() <= p.ds_numel // 2 + 4
+            for p in model.parameters()
+            if not p.requires_grad
+        )
         reference = Net()
         try:  # a frozen weight left cut is empty: its state does not load, the forward fails
             reference.load_state_dict(zero.module_state_dict())
             with torch.no_grad():
-                out[quantized] = torch.equal(model(x[:MB]), reference(x[:MB]))
+                out[quantized] = (torch.equal(model(x[:MB]), reference(x[:MB])), cut)
         except RuntimeError:
-            out[quantized] = False
+            out[quantized] = (False, cut)
     return out
 
 
 def main(rank: int, world: int) -> dict:
     return {
+        "whole": whole(rank, world, torch.float32, STEPS),
         "off": run(rank, world, False, torch.float32, STEPS),
+        "bf16_off": run(rank, world, False, torch.bfloat16, 1),
         "on": run(rank, world, True, torch.float32, STEPS),
         "bf16_on": run(rank, world, True, torch.bfloat16, 1),
         "built_in_init": built_in_init(rank, world),

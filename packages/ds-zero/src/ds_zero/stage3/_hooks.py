@@ -6,7 +6,7 @@
   module (autograd saved the parameter itself, whose data was released). A parameter is released
   when its gradient has been accumulated: every op that used it has run its backward by then.
   Activation checkpointing's recomputation runs the forward hooks again, so it re-gathers too.
-* a frozen parameter stored int8 (``_frozen``) gets no gradient: it is released once the gradient of
+* a frozen parameter (its own partition, ``_frozen``) gets no gradient: it is released once the gradient of
   its module's inputs has been computed (a hook on each input that requires grad, registered by the
   forward pre-hook), which needs the module's backward done; without such an input it waits for the end.
 * the end of each backward releases whatever is left (parameters that got no gradient).

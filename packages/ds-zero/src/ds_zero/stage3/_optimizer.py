@@ -382,7 +382,7 @@ class ZeroStage3Optimizer(LossScaledStep, ParamFragments):
             else:
                 with torch.no_grad():
                     self.params.write_back(slot, value.to(slot.param.dtype))
-        # frozen int8 partitions (zero_quantized_nontrainable_weights) count as missing, as when they are whole
+        # frozen partitions (``_frozen``) count as missing, as unmanaged whole parameters do
         managed = {n for n, t in own.items() if (s := self.params.slot(t)) is not None and s.frozen is None}
         missing, unexpected = self.module.load_state_dict(rest, strict=False)
         missing = [n for n in missing if n not in managed and n not in state]

@@ -59,7 +59,7 @@ class ParamSlot:
     gathered: bool = False
     home: torch.Tensor | None = None  # the full tensor while gathered; its storage is empty when released
     secondary: torch.Tensor | None = None  # hpZ: this rank's chunk of the value last gathered (``_zeropp``)
-    frozen: FrozenPart | None = None  # a frozen parameter stored int8 (``_frozen``); its group is -1
+    frozen: FrozenPart | None = None  # a frozen parameter's own partition (``_frozen``); its group is -1
 
     @property
     def numel(self) -> int:
@@ -76,10 +76,10 @@ class PartitionedParams:
     overwritten from outside a step (a load, a ``GatheredParameters`` modification), so the owner of the
     fp32 masters can copy them.
 
-    ``frozen``: the model's frozen parameters. With ``quantize_frozen`` (``zero_quantized_nontrainable_weights``)
-    each is kept as an int8 partition of its own (``_frozen``), in a slot of group -1 that is in no layout;
-    those of at most ``persistence_threshold`` elements stay whole in their dtype, unmanaged. Without it they
-    all stay whole, unmanaged (one cut by ``zero.Init`` is gathered whole again).
+    ``frozen``: the model's frozen parameters. Each is kept as a partition of its own (``_frozen``), in a
+    slot of group -1 that is in no layout: in its dtype, or int8 with ``quantize_frozen``
+    (``zero_quantized_nontrainable_weights``); those that persist (the rule of trainable parameters) stay
+    whole in their dtype, unmanaged.
     """
 
     def __init__(
@@ -127,10 +127,7 @@ class PartitionedParams:
         for p in frozen:
             if id(p) in self.slots:
                 continue
-            if quantize_frozen:
-                self._partition_frozen(p, names, partition_device)
-            elif is_constructed_partitioned(p):
-                _make_whole(p)
+            self._partition_frozen(p, names, partition_device, quantize_frozen)
 
     # ------------------------------------------------------------------ setup
     def _partition_group(
@@ -182,8 +179,10 @@ class PartitionedParams:
         self.part_dtypes.append(dtype)
         self.compute_devices.append(device)
 
-    def _partition_frozen(self, p: nn.Parameter, names: dict[int, str], device: torch.device | None) -> None:
-        """Keep ``p`` (frozen) as this rank's int8 chunk of it, or whole when it persists."""
+    def _partition_frozen(
+        self, p: nn.Parameter, names: dict[int, str], device: torch.device | None, quantized: bool
+    ) -> None:
+        """Keep ``p`` (frozen) as this rank's chunk of it (int8 when ``quantized``), or whole when it persists."""
         shape = source_shape(p)
         if self._persists(shape.numel()):
             if is_constructed_partitioned(p):
@@ -191,7 +190,7 @@ class PartitionedParams:
             return
         full = full_value(p).reshape(-1)  # collective if cut at construction
         forget_construction(p)
-        part = FrozenPart.cut(full, self.dp, self.rank, device or p.device)
+        part = FrozenPart.cut(full, self.dp, self.rank, device or p.device, quantized=quantized)
         del full
         slot = ParamSlot(p, names.get(id(p), f"frozen{len(self.slots)}"), -1, -1, 0, shape.numel(), shape,
                          persistent=False, frozen=part)  # fmt: skip
@@ -285,7 +284,7 @@ class PartitionedParams:
                 set_status(s.param, ZeroParamStatus.AVAILABLE)
 
     def _launch_fetch(self, todo: list[ParamSlot], homes: list[torch.Tensor], exact: bool) -> list:
-        """The works of a fetch: the int8 partitions of frozen parameters (``_frozen``), secondary
+        """The works of a fetch: the partitions of frozen parameters (``_frozen``), secondary
         partitions where valid (hpZ), the primary ones for the rest."""
         frozen = [(s, h) for s, h in zip(todo, homes) if s.frozen is not None]
         if frozen:
@@ -294,7 +293,7 @@ class PartitionedParams:
         return self._launch_frozen(frozen) + self._launch_trainable(todo, homes, exact)
 
     def _launch_frozen(self, pairs: list[tuple[ParamSlot, torch.Tensor]]) -> list:
-        """Gather frozen slots into their flat outs (one all-gather of int8 payloads)."""
+        """Gather frozen slots into their flat outs (one all-gather of their payloads)."""
         if not pairs:
             return []
         if self.dp > 1:
@@ -474,7 +473,7 @@ class PartitionedParams:
 
     def write_back(self, slot: ParamSlot, full: torch.Tensor) -> None:
         """Copy this rank's part of the full value ``full`` into its partition (and tell ``on_write``)."""
-        if slot.frozen is not None:  # quantized again; no master to tell
+        if slot.frozen is not None:  # encoded again; no master to tell
             slot.frozen.write(full.detach())
             self.settle([slot])
             if slot.gathered and full.data_ptr() != slot.param.data_ptr():
