@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from _zeropp_workers import Wire, batch
 from ds_config import load_config
-from ds_zero import PartitionOnConstruction, StateDictMismatchError, ZeroStage3Optimizer
+from ds_zero import GatheredParameters, PartitionOnConstruction, StateDictMismatchError, ZeroStage3Optimizer
 from ds_zero.stage3._construct import is_constructed_partitioned
 from ds_zero.stage3._partition import PartitionedParams, _make_whole
 from rank_testing.memory import live_storage_bytes
@@ -139,6 +139,13 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
         missing = []
     except StateDictMismatchError as e:
         missing = sorted(e.missing)
+    weight = model.l1.base.weight
+    with GatheredParameters([weight], modifier_rank=0):  # rank 0's change reaches every rank's piece
+        gathered = weight.detach().float().clone()
+        if rank == 0:
+            with torch.no_grad():
+                weight.mul_(2)
+    modified = zero.module_state_dict()["l1.base.weight"].float()
     return {
         "losses": losses,
         "calls": wire.calls,
@@ -159,6 +166,8 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
         "trainable_part_dtypes": [str(d) for d in zero.params.part_dtypes],
         "whole_in_backward": whole_in_backward[0],
         "strict_load_missing": missing,
+        "gathered_weight": gathered,
+        "modified_weight": modified,
         "frozen_released": all(p.data.numel() == 0 for p in model.parameters() if not p.requires_grad),
     }
 

@@ -91,6 +91,12 @@ def test_forward_computes_with_the_dequantized_weights_on_every_rank(runs):
         q, plain = r["on"], r["off"]
         assert plain["forward_weight_error"] == r["whole"]["forward_weight_error"] == 0.0
         assert torch.equal(plain["state_weight"], r["whole"]["state_weight"])  # whole and exact
+        # GatheredParameters: the whole stored value; rank 0's modification is kept, exactly without the key
+        assert torch.equal(plain["gathered_weight"], plain["state_weight"])
+        assert torch.equal(plain["modified_weight"], 2 * plain["state_weight"])
+        assert torch.equal(q["gathered_weight"], q["state_weight"])
+        step = 2 * q["forward_weight_scale"] / 127  # the doubled weight is quantized again
+        assert (q["modified_weight"] - 2 * q["state_weight"]).abs().max() <= step
         # within half a quantization step of the block's largest magnitude, and not exact
         assert 0 < q["forward_weight_error"] <= q["forward_weight_scale"] / 127 / 2 * 1.001
         assert not q["forward_weight_changed"]  # frozen: the same value every step
