@@ -2,19 +2,20 @@
 
 Inert unless ``DS_SURFACE_CALLS_DIR`` is set. The record tool puts this directory first on ``PYTHONPATH``, so
 every Python process of the run loads it at start: pytest, its xdist workers, ``subprocess`` children, the
-multiprocessing forkserver and (by fork) the rank processes it starts. Each process keeps, from a profile
-function (``sys.setprofile``; Python 3.11 has no ``sys.monitoring``):
+multiprocessing forkserver and (by fork) the rank processes it starts. ``filter.json`` in that directory lists
+what to watch: code objects (file, first line, qualified name) and classes (module, qualified name). From a
+profile function (``sys.setprofile``; Python 3.11 has no ``sys.monitoring``) each process keeps, for each:
 
-- every code object entered, with the test running when it was first entered (``PYTEST_CURRENT_TEST``, which
-  pytest sets and child processes inherit);
-- the class of every object constructed or asked about through Python code: the first argument of an
+- a code object: entered;
+- a class: an object of it constructed or asked about through Python code, i.e. the first argument of an
   ``__init__``/``__new__``/``__post_init__``/``__call__``/``__instancecheck__`` (a class object counts as
-  itself, an instance as its class), and the exception class reaching an ``__exit__`` (``pytest.raises``:
-  exceptions are built in C, no Python frame of theirs runs).
+  itself, an instance as its class), or the exception class reaching an ``__exit__`` (``pytest.raises``:
+  exceptions are built in C, no Python frame of theirs runs);
 
-At exit (``atexit``, and ``os._exit``, which multiprocessing's children leave through) it writes the entries
-that ``filter.json`` in that directory lists (code objects by file, first line and qualified name; classes by
-module and qualified name) to ``calls-<pid>.json`` there. The profile function slows Python-heavy code about 2x.
+with the first test it happened in (``PYTEST_CURRENT_TEST``, which pytest sets and child processes inherit),
+or None while it has only happened outside a test (imports, collection). At exit (``atexit``, and
+``os._exit``, which multiprocessing's children leave through) it writes them to ``calls-<pid>.json`` there.
+The profile function slows Python-heavy code about 2x.
 """
 
 from __future__ import annotations
@@ -30,9 +31,14 @@ def _install(directory: str) -> None:
     import json
     import threading
 
-    environ = os.environ
-    codes: dict = {}  # code object -> the test running when it was first entered
-    classes: dict = {}  # class -> the test running when it was first seen constructed
+    with open(os.path.join(directory, "filter.json")) as f:
+        wanted = json.load(f)
+    code_keys = {tuple(k) for k in wanted["codes"]}
+    class_keys = {tuple(k) for k in wanted["classes"]}
+    environ, key, missing = os.environ, "PYTEST_CURRENT_TEST", object()
+    # code object / class -> False (not watched), None (watched, seen outside tests only), the first test id
+    codes: dict = {}
+    classes: dict = {}
     ctor = {
         "__init__": 0,
         "__new__": 0,
@@ -42,19 +48,27 @@ def _install(directory: str) -> None:
         "__exit__": 1,
     }
 
+    def note(table: dict, thing, watched) -> None:
+        seen = table.get(thing, missing)
+        if seen is missing:
+            table[thing] = environ.get(key) if watched() else False
+        elif seen is None:
+            table[thing] = environ.get(key)
+
     def profile(frame, event, arg):
         if event != "call":
             return
         code = frame.f_code
-        if code not in codes:
-            codes[code] = environ.get("PYTEST_CURRENT_TEST")
+        seen = codes.get(code, missing)
+        if seen is missing or seen is None:
+            note(codes, code, lambda: (code.co_filename, code.co_firstlineno, code.co_qualname) in code_keys)
         position = ctor.get(code.co_name)
         if position is not None and code.co_argcount > position:
             value = frame.f_locals.get(code.co_varnames[position])
             kind = type(value)  # not isinstance: it reads __class__, which some proxies warn about
             cls = value if issubclass(kind, type) else kind
-            if cls not in classes:
-                classes[cls] = environ.get("PYTEST_CURRENT_TEST")
+            if classes.get(cls, missing) is not False:
+                note(classes, cls, lambda: (getattr(cls, "__module__", None), cls.__qualname__) in class_keys)
 
     written: set[int] = set()
 
@@ -64,21 +78,18 @@ def _install(directory: str) -> None:
             return
         written.add(pid)
         sys.setprofile(None)
-        try:
-            with open(os.path.join(directory, "filter.json")) as f:
-                wanted = json.load(f)
-        except OSError:
-            return
-        code_keys = {tuple(k) for k in wanted["codes"]}
-        class_keys = {tuple(k) for k in wanted["classes"]}
-        out = {"pid": pid, "argv": sys.argv[:3], "codes": [], "classes": []}
-        for c, test in list(codes.items()):
-            if (c.co_filename, c.co_firstlineno, c.co_qualname) in code_keys:
-                out["codes"].append([c.co_filename, c.co_firstlineno, c.co_qualname, test])
-        for k, test in list(classes.items()):
-            key = (getattr(k, "__module__", None), getattr(k, "__qualname__", None))
-            if key in class_keys:
-                out["classes"].append([*key, test])
+        out = {
+            "pid": pid,
+            "argv": sys.argv[:3],
+            "codes": [
+                [c.co_filename, c.co_firstlineno, c.co_qualname, t]
+                for c, t in list(codes.items())
+                if t is not False
+            ],
+            "classes": [
+                [k.__module__, k.__qualname__, t] for k, t in list(classes.items()) if t is not False
+            ],
+        }
         path = os.path.join(directory, f"calls-{pid}.json")
         with open(path + ".tmp", "w") as f:
             json.dump(out, f)

@@ -130,8 +130,8 @@ def keys(obj: Any) -> tuple[set[tuple[str, int, str]], tuple[str, str] | None]:
     return codes, ((cls.__module__, cls.__qualname__) if cls is not None else None)
 
 
-def _test_id(test: str | None) -> str:
-    return (test or "(outside a test)").rsplit(" (", 1)[0]
+def _test_id(test: str | None) -> str | None:
+    return test.rsplit(" (", 1)[0] if test else None  # "path::name (call)" -> "path::name"
 
 
 def write_filter(directory: Path, names: dict[str, Any]) -> None:
@@ -161,30 +161,30 @@ def run(pytest_args: list[str], directory: Path, names: dict[str, Any]) -> int:
     return subprocess.run(command, cwd=ROOT, env=environment(directory)).returncode
 
 
-def collect(directory: Path) -> tuple[dict[tuple, str], dict[tuple, str]]:
-    """Every process's codes and classes, each with the first (smallest) test that ran it."""
-    codes: dict[tuple, str] = {}
-    classes: dict[tuple, str] = {}
+def collect(directory: Path) -> tuple[dict[tuple, str | None], dict[tuple, str | None]]:
+    """Every process's codes and classes, each with the first (smallest) test that ran it; None where it ran
+    only outside tests (at import, during collection)."""
+    codes: dict[tuple, str | None] = {}
+    classes: dict[tuple, str | None] = {}
     for path in directory.glob("calls-*.json"):
         data = json.loads(path.read_text())
-        for file, line, qualname, test in data["codes"]:
-            key = (file, line, qualname)
-            codes[key] = min(codes.get(key, "~"), _test_id(test))
-        for module, qualname, test in data["classes"]:
-            key = (module, qualname)
-            classes[key] = min(classes.get(key, "~"), _test_id(test))
+        for table, rows in ((codes, data["codes"]), (classes, data["classes"])):
+            for *key, test in rows:
+                key, test = tuple(key), _test_id(test)
+                old = table.get(key)
+                table[key] = min(old, test) if old and test else old or test
     return codes, classes
 
 
 def called(
-    names: dict[str, Any], codes: dict[tuple, str], classes: dict[tuple, str]
+    names: dict[str, Any], codes: dict[tuple, str | None], classes: dict[tuple, str | None]
 ) -> dict[str, str | None]:
-    """Each surface name and a test that calls it (None: no test does)."""
+    """Each surface name and a test that calls it (None: no test does, whatever ran outside tests)."""
     out: dict[str, str | None] = {}
     for name, obj in names.items():
         code_keys, cls = keys(obj)
-        witnesses = [codes[k] for k in code_keys if k in codes]
-        if cls is not None and cls in classes:
+        witnesses = [codes[k] for k in code_keys if codes.get(k)]
+        if cls is not None and classes.get(cls):
             witnesses.append(classes[cls])
         out[name] = min(witnesses) if witnesses else None
     return out
@@ -215,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     RECORD.write_text(
         json.dumps(
             {
-                "about": "provided functions and classes of ds's deepspeed that a test calls, with one such "
-                "test; written by tools/checks/record_surface_calls.py",
+                "about": "provided functions and classes of ds's deepspeed that a test calls, each with one "
+                "such test (another run may name another); written by tools/checks/record_surface_calls.py, "
+                "read by tools/checks/check_deepspeed_surface.py",
                 "called": dict(sorted(calls.items())),
             },
             indent=1,

@@ -6,7 +6,6 @@ or an exception class reaching a ``with`` block's ``__exit__``)."""
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 import textwrap
@@ -24,6 +23,7 @@ MODULE = textwrap.dedent(
     import dataclasses, functools, multiprocessing
 
     def plain(): return 1
+    def at_import(): return 6
     def never(): return 2
     def inner(): return 3
 
@@ -67,14 +67,32 @@ def test_a_run_records_calls_in_the_process_and_its_children(tmp_path, monkeypat
 
     names = {
         f"x.{n}": getattr(surface_mod, n)
-        for n in ("plain", "never", "wrapper", "WithMethod", "Data", "NeverBuilt", "Failure", "in_child")
+        for n in (
+            "plain",
+            "never",
+            "wrapper",
+            "WithMethod",
+            "Data",
+            "NeverBuilt",
+            "Failure",
+            "in_child",
+            "at_import",
+        )
     }
     out = tmp_path / "calls"
     out.mkdir()
     tool.write_filter(out, names)
     env = tool.environment(out)
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{tmp_path}"
-    code = "import surface_mod\nif __name__ == '__main__':\n    surface_mod.main()\n"
+    env.pop("PYTEST_CURRENT_TEST", None)
+    # plain() and at_import() run before the "test" starts, plain() again inside it
+    code = (
+        "import os, surface_mod\n"
+        "if __name__ == '__main__':\n"
+        "    surface_mod.plain(); surface_mod.at_import()\n"
+        "    os.environ['PYTEST_CURRENT_TEST'] = 'test_x.py::test_y (call)'\n"
+        "    surface_mod.main()\n"
+    )
     (tmp_path / "main.py").write_text(code)
     subprocess.run([sys.executable, str(tmp_path / "main.py")], env=env, check=True, timeout=120)
     assert len(list(out.glob("calls-*.json"))) >= 2  # the process and its child wrote
@@ -82,8 +100,9 @@ def test_a_run_records_calls_in_the_process_and_its_children(tmp_path, monkeypat
     assert {n for n, test in called.items() if test} == {
         "x.plain", "x.wrapper", "x.WithMethod", "x.Data", "x.Failure", "x.in_child"
     }  # fmt: skip
-    # the test that ran it: pytest's PYTEST_CURRENT_TEST, which child processes inherit
-    assert called["x.plain"] == called["x.in_child"] == os.environ["PYTEST_CURRENT_TEST"].rsplit(" (", 1)[0]
+    # the test that ran it (PYTEST_CURRENT_TEST, which child processes inherit), not the import before it
+    assert called["x.plain"] == called["x.in_child"] == "test_x.py::test_y"
+    assert called["x.at_import"] is None  # ran only outside a test
 
 
 def test_recorder_is_inert_without_its_variable(tmp_path):
