@@ -414,10 +414,6 @@ DIFFERS: dict[str, str] = {
     "deepspeed.comm.comm.allgather_fn": "no debug argument (DeepSpeed's comms logger is not in ds)",
     "deepspeed.comm.comm.reduce_scatter_fn": "no prof/debug arguments (DeepSpeed's comms logger is not in ds)",
     "deepspeed.comm.comm.get_global_rank": "group and group_rank are required, as in torch.distributed.get_global_rank",
-    "deepspeed.checkpoint.DeepSpeedCheckpoint": (
-        "ds_checkpoint.DeepSpeedCheckpoint is ds's reader of DeepSpeed checkpoints for import (path, ...), not "
-        "DeepSpeed's 3D reshaping view (dir, tp_degree, pp_degree, dp_degree)"
-    ),
     "deepspeed.runtime.activation_checkpointing.checkpointing.checkpoint": (
         "no **kwargs: DeepSpeed's are forwarded to the function only by its non-reentrant path; pass them via "
         "functools.partial"
@@ -457,4 +453,15 @@ DIFFERS: dict[str, str] = {
 # Constants whose value depends on the machine (compared by kind only, so the check answers the same on a GPU).
 MACHINE_DEPENDENT: dict[str, str] = {
     "deepspeed.git_version_info.accelerator_name": "cpu or cuda, as the machine has",
+}
+
+# Provided functions and classes that no test is recorded calling (tools/checks/record_surface_calls.py sees
+# Python code run; these run none of their own), each with the test that uses it.
+_TORCH_CLASS = "torch.distributed's ReduceOp itself (a C++ class: no Python code of it runs)"
+NOT_CALLED: dict[str, str] = {
+    "deepspeed.comm.ReduceOp": f"{_TORCH_CLASS}; test_called_ranks.py reduces with ReduceOp.MAX",
+    "deepspeed.comm.comm.ReduceOp": f"{_TORCH_CLASS}; test_called_ranks.py reduces with ReduceOp.MAX",
+    "deepspeed.runtime.zero.partition_parameters._orig_torch_arange": (
+        "torch.arange itself (a builtin: no Python code runs); test_called_helpers.py calls it"
+    ),
 }

@@ -118,7 +118,31 @@ def _run_stage(stage: int, rank: int, dtype: torch.dtype = torch.float32) -> dic
     record("after_set_grad")
     engine.step()
     record("after_second_step")
+    if stage == 3:
+        points["local_setters"] = _local_setters(param, rank, lambda: train_backward(2))
+    elif stage == 1:  # DeepSpeed's assertion below ZeRO-3, as for the local getters
+        points["local_setters"] = {
+            "below ZeRO-3": _try(lambda: u.safe_set_local_fp32_param(param, values["fp32"]))
+        }
     return points
+
+
+def _local_setters(p: torch.nn.Parameter, rank: int, backward) -> dict:
+    """ZeRO-3's local setters on this rank's piece, read back alone and through the (collective) full getters."""
+    out = {"fp32 before": u.safe_get_local_fp32_param(p).clone()}
+    u.safe_set_local_fp32_param(p, out["fp32 before"] * 2 + rank)
+    out["fp32"] = [u.safe_get_local_fp32_param(p).clone(), u.safe_get_full_fp32_param(p)]
+    out["exp_avg before"] = u.safe_get_local_optimizer_state(p, "exp_avg").clone()
+    u.safe_set_local_optimizer_state(p, out["exp_avg before"] + 1, "exp_avg")
+    out["exp_avg"] = [
+        u.safe_get_local_optimizer_state(p, "exp_avg").clone(),
+        u.safe_get_full_optimizer_state(p, "exp_avg"),
+    ]
+    backward()
+    grad = u.safe_get_local_grad(p)
+    u.safe_set_local_grad(p, torch.full_like(grad, float(rank + 1)))
+    out["grad"] = [u.safe_get_local_grad(p).clone(), u.safe_get_full_grad(p)]
+    return out
 
 
 def _all_stages(rank: int, world: int) -> dict[int | str, dict]:
@@ -230,6 +254,24 @@ def test_local_variants_are_zero3_only(ranks, stage):
             for local, full in (("local_fp32_param", "full_fp32_param"), ("local_grad", "full_grad")):
                 joined = torch.cat([_value(g[local]) for g in got])
                 torch.testing.assert_close(joined, _value(got[0][full]).reshape(-1), atol=0, rtol=0)
+
+
+def test_local_setters_write_this_ranks_piece(ranks):
+    """ZeRO-3: each rank sets its own piece of the fp32 master, of Adam's exp_avg and of the averaged gradient;
+    the local getter reads it back and the full getters see the ranks' pieces joined in rank order. Below
+    ZeRO-3 DeepSpeed's AssertionError."""
+    got = [r[3]["local_setters"] for r in ranks]
+    for rank, g in enumerate(got):
+        torch.testing.assert_close(g["fp32"][0], g["fp32 before"] * 2 + rank, atol=0, rtol=0)
+        torch.testing.assert_close(g["exp_avg"][0], g["exp_avg before"] + 1, atol=0, rtol=0)
+        assert g["grad"][0].eq(rank + 1).all()
+    for key in ("fp32", "exp_avg", "grad"):
+        joined = torch.cat([g[key][0] for g in got])
+        for g in got:
+            torch.testing.assert_close(g[key][1].reshape(-1), joined, atol=0, rtol=0)
+    for r in ranks:
+        error = r[1]["local_setters"]["below ZeRO-3"]
+        assert "AssertionError" in error["mro"] and "only defined for ZeRO-3" in error["message"]
 
 
 def _same_outcome(have: dict, want: dict) -> bool:

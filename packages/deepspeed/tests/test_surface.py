@@ -56,7 +56,10 @@ def test_the_check_fails_on_a_gap_and_on_a_stale_entry(monkeypatch):
     absent.pop("deepspeed.ops.gds")
     absent["deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer.step"] = "stale on purpose"
     table = types.SimpleNamespace(
-        ABSENT=absent, DIFFERS=real.DIFFERS, MACHINE_DEPENDENT=real.MACHINE_DEPENDENT
+        ABSENT=absent,
+        DIFFERS=real.DIFFERS,
+        MACHINE_DEPENDENT=real.MACHINE_DEPENDENT,
+        NOT_CALLED=real.NOT_CALLED,
     )
     monkeypatch.setattr(tool, "_table", lambda: table)
     failures = tool.check().failures
@@ -65,6 +68,27 @@ def test_the_check_fails_on_a_gap_and_on_a_stale_entry(monkeypatch):
         "stale ABSENT entry 'deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer.step'" in f
         for f in failures
     )
+
+
+def test_the_check_fails_on_a_provided_function_no_test_calls(tmp_path, monkeypatch):
+    """Every provided function and class is recorded as called by a test (tools/checks/record_surface_calls.py)
+    or listed with a reason in NOT_CALLED; stale entries in either fail too. Constants are not called."""
+    tool = _tool()
+    kinds = {"f": "function", "g": "function", "C": "class", "K": "constant", "h": "function"}
+    record = {"modules": {"m": {"names": {n: {"kind": k} for n, k in kinds.items()}}}}
+    statuses = {"f": "provided", "g": "provided", "C": "differs", "K": "provided", "h": "not available"}
+    result = tool.Result(items=[tool.Item(f"m.{n}", "m", status) for n, status in statuses.items()])
+    calls = tmp_path / "calls.json"
+    calls.write_text(json.dumps({"called": {"m.f": "a test", "m.gone": "a test"}}))
+    monkeypatch.setattr(tool, "CALLS", calls)
+    monkeypatch.setattr(
+        tool, "_table", lambda: types.SimpleNamespace(NOT_CALLED={"m.C": "why", "m.f": "old"})
+    )
+    failures = tool.uncalled(record, result)
+    assert len(failures) == 3, failures
+    assert failures[0].startswith("m.g: provided, but no test is recorded calling it")
+    assert failures[1].startswith("NOT_CALLED entry 'm.f': a test calls it now")
+    assert "m.gone is no longer a provided function or class" in failures[2]
 
 
 def test_signature_comparison():

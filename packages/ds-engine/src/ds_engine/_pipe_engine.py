@@ -110,6 +110,7 @@ class PipelineEngine(DeepSpeedEngine):
         self._hooks = _Hooks(self)
         self.data_iterator: Iterator | None = None
         self._train_batch_s = 0.0  # train_batch's time since the last steps_per_print line
+        self.batch_fn: Any = None
         self.agg_train_loss: torch.Tensor | None = None
         self.agg_eval_loss: Any = None
         if training_dataloader is not None:
@@ -125,7 +126,7 @@ class PipelineEngine(DeepSpeedEngine):
         if data_iter is not None:
             self.set_dataiterator(data_iter)
         start = time.perf_counter()
-        loss = self.runner.train_batch(self.data_iterator, self.gradient_accumulation_steps(), self._hooks)
+        loss = self.runner.train_batch(self._batches(), self.gradient_accumulation_steps(), self._hooks)
         self._train_batch_s += time.perf_counter() - start
         self.agg_train_loss = loss
         every = self.ds_config.steps_per_print
@@ -152,7 +153,7 @@ class PipelineEngine(DeepSpeedEngine):
         """Forwards only over ``num_micro_batches`` (default: gradient_accumulation_steps) micro-batches."""
         self.set_dataiterator(data_iter)
         result = self.runner.eval_batch(
-            self.data_iterator,
+            self._batches(),
             num_micro_batches or self.gradient_accumulation_steps(),
             compute_loss=compute_loss,
             reduce_output=reduce_output,
@@ -168,9 +169,13 @@ class PipelineEngine(DeepSpeedEngine):
             self.data_iterator = iterator
 
     def set_batch_fn(self, fn: Any) -> None:
-        raise ds_pipe.PipelineError(
-            "set_batch_fn is not in ds's pipeline engine: map the data iterator instead"
-        )
+        """``fn(batch)`` is what the first and the last stage use of each batch the data iterator yields."""
+        self.batch_fn = fn
+
+    def _batches(self) -> Iterator | None:
+        if self.batch_fn is None or self.data_iterator is None:
+            return self.data_iterator
+        return map(self.batch_fn, self.data_iterator)
 
     def is_first_stage(self) -> bool:
         return self.stage_id == 0

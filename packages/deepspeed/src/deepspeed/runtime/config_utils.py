@@ -90,6 +90,7 @@ class DeepSpeedConfigModel(BaseModel):
 
 def get_config_default(config: type[BaseModel], field_name: str) -> Any:
     """The default of ``field_name`` on the model class ``config`` (it must have one)."""
+    assert field_name in config.model_fields, f"'{field_name}' is not a field in {config}"
     field = config.model_fields[field_name]
     assert not field.is_required(), f"'{field_name}' is a required field and does not have a default value"
     return field.get_default(call_default_factory=True)

@@ -50,11 +50,18 @@ def log_dist(message: str, ranks: list[int] | None = None, level: int = logging.
 
 
 def print_json_dist(message: dict[str, Any], ranks: list[int] | None = None, path: str | None = None) -> None:
-    """Write ``message`` as JSON to ``path`` on the listed ranks (DeepSpeed's helper for metrics files)."""
-    if _selected(ranks):
-        message = {**message, "rank": comm.get_rank()}
+    """Write ``message`` with this process's ``"rank"`` added (into ``message`` itself, as DeepSpeed does) as JSON
+    to ``path``: without a process group on every process (rank -1), with one on the listed ranks only (``[-1]``:
+    all; None: none), DeepSpeed 0.19.8's rule."""
+    initialized = comm.is_initialized()
+    rank = comm.get_rank() if initialized else -1
+    ranks = ranks or []
+    if not initialized or (ranks and (ranks[0] == -1 or rank in ranks)):
+        message["rank"] = rank
         with open(path, "w") as out:  # type: ignore[arg-type]
             json.dump(message, out)
+            out.flush()
+            os.fsync(out.fileno())
 
 
 def see_memory_usage(message: str, force: bool = False) -> None:

@@ -20,11 +20,17 @@ LOG_LEVELS = {
 
 
 def set_log_level_from_string(log_level_str: str, custom_logger: logging.Logger | None = None) -> None:
-    """Set ``logger``'s (or ``custom_logger``'s) level from a name: debug, info, warning, error, critical."""
+    """Set ``logger``'s (or ``custom_logger``'s) level, and its handlers', from a name: debug, info, warning,
+    error, critical (any case)."""
     level = LOG_LEVELS.get(log_level_str.lower())
     if level is None:
-        raise ValueError(f"log level {log_level_str!r} is not one of {sorted(LOG_LEVELS)}")
-    (custom_logger or logger).setLevel(level)
+        raise ValueError(
+            f"{log_level_str} is not one of the valid logging levels. Valid log levels are {LOG_LEVELS.keys()}."
+        )
+    target = custom_logger if custom_logger is not None else logger
+    target.setLevel(level)
+    for handler in target.handlers:
+        handler.setLevel(level)
 
 
 __all__ = ["LOG_LEVELS", "log_dist", "logger", "print_json_dist", "set_log_level_from_string"]

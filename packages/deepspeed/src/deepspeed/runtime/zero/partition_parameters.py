@@ -24,8 +24,6 @@ from ds_engine._missing import missing_class
 from ds_engine.zero import GatheredParameters, Init, ZeroParamStatus, register_external_parameter
 from ds_zero.stage3 import unregister_external_parameter
 
-from deepspeed.accelerator.real_accelerator import get_accelerator
-
 # what a partitioned parameter's own shape is (its data is in ds_tensor): DeepSpeed's module global
 partitioned_param_data_shape = [0]
 
@@ -43,15 +41,18 @@ _orig_torch_randn = torch.randn
 def zero_wrapper_for_fp_tensor_constructor(
     fn: Callable[..., torch.Tensor], target_fp_dtype: torch.dtype, target_device: Any = None
 ) -> Callable[..., torch.Tensor]:
-    """``fn`` placed on ``target_device`` (default: this rank's accelerator) and, for floating results,
-    cast to ``target_fp_dtype``: DeepSpeed's wrapper for tensor constructors inside ``zero.Init``."""
+    """``fn`` placed on ``target_device`` where the call names no device and, for floating results, cast in
+    place to ``target_fp_dtype`` (the tensor stays a leaf, ``requires_grad`` kept); a None leaves that part
+    alone: DeepSpeed's wrapper for tensor constructors inside ``zero.Init``."""
 
     @functools.wraps(fn)
     def wrapped(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if kwargs.get("device") is None:
-            kwargs["device"] = target_device or get_accelerator().current_device_name()
+        if kwargs.get("device") is None and target_device is not None:
+            kwargs["device"] = target_device
         tensor = fn(*args, **kwargs)
-        return tensor.to(target_fp_dtype) if tensor.is_floating_point() else tensor
+        if target_fp_dtype is not None and tensor.is_floating_point():
+            tensor.data = tensor.data.to(target_fp_dtype)
+        return tensor
 
     return wrapped
 
