@@ -24,7 +24,8 @@ from conftest import HERE, launch, world_size
 SCRIPT = HERE / "scripts" / "pipe" / "gpt_neox_pipe.py"
 FIXTURES = HERE / "fixtures" / "deepspeed_pipe"
 # every recorded run of the script; those recorded at 4 ranks (2 stages x 2 data-parallel ranks) in the 4-rank
-# session only. Their losses do not depend on the layout: each runs at every layout of the session.
+# session only. Their losses do not depend on the layout: each runs at every layout of the session (fp16's
+# overflows do: at the recorded data-parallel degree only).
 CASES = sorted(
     p.stem for p in FIXTURES.glob("neox_*.json") if json.loads(p.read_text())["world"] <= world_size()
 )
@@ -91,6 +92,9 @@ def every_case(tmp_path_factory: pytest.TempPathFactory):
 def test_losses_equal_deepspeed_pipeline_engine(case: str, stages: int, every_case):
     record = json.loads((FIXTURES / f"{case}.json").read_text())
     assert record["deepspeed_version"] == "0.19.8"
+    if "fp16" in record["config"] and world_size() // stages != record["world"] // record["stages"]:
+        # each rank's fp16 gradient sums its own micro-batches: where it overflows depends on the degree
+        pytest.skip("fp16 is compared at the data-parallel degree it was recorded at")
     got = every_case(stages)[case]
     assert got["losses"] == pytest.approx(record["losses"], rel=TOLERANCE.get(case, 1e-5))
     if "skipped_steps" in record:  # fp16: the overflows skip the same steps
