@@ -31,8 +31,9 @@ CASES = sorted(
 )
 LAYOUTS = {2: [2], 4: [2, 4]}.get(world_size(), [])  # pipeline stages run at this world size
 # ds against DeepSpeed: the same arithmetic in fp32 and fp16 (DeepSpeed's loss scaling: the same steps skipped);
-# bf16 rounds where DeepSpeed rounds, its gradient sums in another order
-TOLERANCE = {"neox_2stages_bf16": 1e-3}
+# bf16 rounds where DeepSpeed rounds, its gradient sums in another order (measured: 4.5e-5 at 2 stages on 2
+# ranks, 5.5e-5 at 2 stages x 2 data-parallel ranks, 4.5e-5 at 4 stages)
+TOLERANCE = {"neox_2stages_bf16": 2e-4}
 
 
 def _run(stages: int, record: dict, tmp_path: Path, *extra: str) -> dict:
