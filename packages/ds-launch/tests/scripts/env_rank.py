@@ -47,7 +47,8 @@ if args.grandchild:
     # A process of the rank's own (like a data-loader worker) that must not outlive the job.
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *sys.argv[1:]])
     record["grandchild"] = child.pid
-(out / f"rank{rank}.json").write_text(json.dumps(record))
+(out / f"rank{rank}.json.part").write_text(json.dumps(record))
+(out / f"rank{rank}.json.part").rename(out / f"rank{rank}.json")  # whole, for the tests that poll for it
 if rank == args.fail_rank:
     time.sleep(0.3)
     sys.exit(args.code)

@@ -36,7 +36,8 @@ record = {
     "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
     "interface": topo.interface,
 }
-(out / f"rank{topo.rank}.json").write_text(json.dumps(record))
+(out / f"rank{topo.rank}.json.part").write_text(json.dumps(record))
+(out / f"rank{topo.rank}.json.part").rename(out / f"rank{topo.rank}.json")  # whole, for the tests that poll for it
 for step in range(steps):
     if topo.rank == fault_rank and step == fault_step:
         print(f"rank {topo.rank} on {record['host']}: {fault} at step {step}", file=sys.stderr, flush=True)
