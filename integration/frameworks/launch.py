@@ -54,15 +54,24 @@ def run_script(
             f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-4000:]}"
             f"\n--- stderr\n{proc.stderr[-6000:]}"
         )
-    records = []
-    for line in proc.stdout.splitlines():
+    return json_records(proc.stdout)
+
+
+def json_records(text: str) -> list[dict]:
+    """Every JSON object that starts a record in ``text``. The ranks share one stdout: another rank's output
+    (a warning, a progress line) may sit on the same line before or after a record, so each record is
+    decoded from its ``{"`` to its own end, whatever follows it."""
+    decoder, records = json.JSONDecoder(), []
+    for line in text.splitlines():
         start = line.find('{"')
-        if start < 0:
-            continue
-        try:
-            records.append(json.loads(line[start:]))
-        except json.JSONDecodeError:
-            continue
+        while start >= 0:
+            try:
+                record, end = decoder.raw_decode(line, start)
+            except json.JSONDecodeError:
+                start = line.find('{"', start + 1)
+                continue
+            records.append(record)
+            start = line.find('{"', end)
     return records
 
 

@@ -50,9 +50,9 @@ def step(i: int) -> None:
 write_rank = save_impl._write_rank
 
 
-def write_then_wait(tmp, r, shard, save_rng):
+def write_then_wait(tmp, r, *args):
     """The last rank, in save "b": its files written, the checkpoint not yet complete; its host is lost here."""
-    report = write_rank(tmp, r, shard, save_rng)
+    report = write_rank(tmp, r, *args)
     if tmp.name == ".b.tmp" and r == dist.get_world_size() - 1:
         Path(f"{save_dir}.writing").write_text(str(sorted(p.name for p in tmp.iterdir())))
         time.sleep(600)

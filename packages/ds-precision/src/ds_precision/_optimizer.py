@@ -292,6 +292,11 @@ class MixedPrecisionOptimizer:
         if self.overflow:
             self._skip(live)
             return False
+        if self.scaler is not None:
+            # an overflow-free step is counted before the unscale, as in DeepSpeed 0.19.8's fp16 optimizers
+            # (stage 0 and ZeRO alike): a step that grows the scale divides its gradients, and the norm it
+            # reports, by the grown scale
+            self.scaler.update_scale(False)
         scale = self.loss_scale
         self.global_grad_norm = scaled_norm / scale
         combined = scale
@@ -310,8 +315,6 @@ class MixedPrecisionOptimizer:
         self.optimizer.step()
         self._copy_back(live, kernels)
         self._release_transient_grads()
-        if self.scaler is not None:
-            self.scaler.update_scale(False)
         self._account(skipped=False)
         return True
 
