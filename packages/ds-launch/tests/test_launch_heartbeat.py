@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+import weakref
 
-from ds_launch._heartbeat import MONITOR_ENV
+from ds_launch._heartbeat import BEAT_S, MONITOR_ENV
 from ds_launch._monitor import Monitor
 
 RANK = """
@@ -74,3 +76,48 @@ def test_a_rank_s_role_reaches_the_monitor_and_names_it_in_a_stall():
         )
     finally:
         stalled.close()
+
+
+def _heartbeat_on_a_pipe():
+    """A rank's Heartbeat whose pipe is drained by a thread (the beater's side), and the lines read."""
+    from ds_launch._heartbeat import Heartbeat
+
+    read_fd, write_fd = os.pipe()
+    lines: list[bytes] = []
+
+    def drain():
+        with os.fdopen(read_fd, "rb") as pipe:
+            lines.extend(pipe)
+
+    threading.Thread(target=drain, daemon=True).start()
+    return Heartbeat(write_fd), lines
+
+
+def test_the_where_report_lets_go_of_the_main_thread_s_frames_at_once():
+    """The reporting thread reads where the main thread is and must not keep its frames: what they hold
+    (here an object; in a rank, the script's tensors) would be freed by that thread later, at exit while
+    the interpreter finalizes, which aborts the process."""
+    beat, lines = _heartbeat_on_a_pipe()
+
+    class Held:
+        pass
+
+    def work(seconds: float) -> weakref.ref:
+        held = Held()
+        time.sleep(seconds)  # the reporting thread samples this frame at least once
+        return weakref.ref(held)
+
+    try:
+        ref = work(1.5 * BEAT_S)
+        assert any(b"in work" in line for line in lines), lines
+        assert ref() is None, "a frame the main thread has left is still held by the reporting thread"
+    finally:
+        beat.end({"code": 0})
+
+
+def test_the_rank_s_end_stops_the_reporting_thread():
+    beat, _ = _heartbeat_on_a_pipe()
+    t0 = time.monotonic()
+    beat.end({"code": 0})
+    assert time.monotonic() - t0 < BEAT_S, "the end waited out a whole beat"
+    assert not [t for t in threading.enumerate() if t.name == "ds-launch-where"]

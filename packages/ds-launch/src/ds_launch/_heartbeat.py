@@ -44,6 +44,7 @@ BEAT_S = 1.0
 _CONNECT_TIMEOUT_S = 10.0
 _DEFAULT_LOST_S = 20.0  # the launcher's default --heartbeat_timeout, where it did not say its own
 END_GRACE_S = 10.0
+END_JOIN_S = 5.0  # how long the rank's end waits for its reporting thread (which wakes at once)
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -56,7 +57,9 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._main_ident = threading.get_ident()
         os.register_at_fork(after_in_child=self._forget)  # a forked worker must not keep the beater alive
-        threading.Thread(target=self._report_where, name="ds-launch-where", daemon=True).start()
+        self._stop = threading.Event()
+        self._where = threading.Thread(target=self._report_where, name="ds-launch-where", daemon=True)
+        self._where.start()
 
     def _forget(self) -> None:
         fd, self._fd = self._fd, None
@@ -74,14 +77,23 @@ class Heartbeat:
                 self._forget()  # the beater is gone; the rank goes on as a plain script would
 
     def _report_where(self) -> None:
-        while self._fd is not None:
-            frame = sys._current_frames().get(self._main_ident)
-            if frame is not None:
-                code = frame.f_code
-                self._send(
-                    {"where": f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"}
-                )
-            time.sleep(BEAT_S)
+        while self._fd is not None and not self._stop.is_set():
+            where = self._main_where()
+            if where is not None:
+                self._send({"where": where})
+            self._stop.wait(BEAT_S)
+
+    def _main_where(self) -> str | None:
+        """Where the main thread is. Its frame is let go of here, at once: a frame held across the wait
+        holds every frame below it and their locals (the script's model, its tensors). When the main thread
+        has left them meanwhile, this thread's reference is the last, and they are freed here, later; freeing
+        a tensor lets go of the GIL, and a thread that asks for it back once the interpreter is finalizing is
+        ended by Python inside torch's C++ code: the process aborts ("terminate called without an active
+        exception", exit -6) after the script succeeded (seen in CI, about 1 exit in 100 under load)."""
+        frame = sys._current_frames().get(self._main_ident)
+        if frame is None:
+            return None
+        return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
 
     def describe(self, role: str) -> None:
         """Say what this rank is in the job; the beater passes it on to the launcher at once."""
@@ -93,6 +105,9 @@ class Heartbeat:
         self._send({"end": record})
         with self._lock:
             self._forget()
+        self._stop.set()  # and the reporting thread ends now, before the interpreter's finalization
+        if self._where is not threading.current_thread():
+            self._where.join(END_JOIN_S)
 
 
 current: Heartbeat | None = None  # this rank's, once started
