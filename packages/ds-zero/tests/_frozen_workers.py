@@ -12,8 +12,7 @@ from __future__ import annotations
 from unittest import mock
 
 import torch
-import torch.distributed as dist
-from _zeropp_workers import Wire, batch
+from _zeropp_workers import batch, train_on_the_wire
 from ds_config import load_config
 from ds_zero import GatheredParameters, PartitionOnConstruction, StateDictMismatchError, ZeroStage3Optimizer
 from ds_zero.stage3._construct import is_constructed_partitioned
@@ -115,21 +114,7 @@ def run(rank: int, world: int, quantized: bool, dtype: torch.dtype, steps: int) 
         model.l1.base.register_forward_pre_hook(lambda m, i: seen.append(m.weight.detach().clone())),
         model.l1.register_forward_hook(lambda m, i, o: o.register_hook(whole_frozen) and None),
     ]
-    wire, losses = Wire(), []
-    with wire.record():
-        for step in range(steps):
-            x, y = batch(step, world)
-            mine = slice(rank * MB, (rank + 1) * MB)
-            wire.phase = "forward"
-            out = model(x[mine]).float()
-            loss = nn.functional.cross_entropy(out.reshape(-1, VOCAB), y[mine].reshape(-1))
-            wire.phase = "backward"
-            zero.backward(loss)
-            wire.phase = "step"
-            zero.step()
-            total = loss.detach().clone()
-            dist.all_reduce(total)
-            losses.append(total.item() / world)
+    wire, losses = train_on_the_wire(model, zero, rank, world, steps)
     for h in hooks:
         h.remove()
     state = zero.module_state_dict()

@@ -99,19 +99,17 @@ def batch(step: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.where(keep, (x * 5 + 3) % VOCAB, noise)
 
 
-def run(rank: int, world: int, options: Stage3Options, groups: HostGroups) -> dict:
-    torch.manual_seed(0)
-    model = Net()
-    zero = ZeroStage3Optimizer(
-        model, torch.optim.AdamW(model.parameters(), lr=1e-2), options, host_groups=groups
-    )
+def train_on_the_wire(model: nn.Module, zero, rank: int, world: int, steps: int) -> tuple[Wire, list[float]]:
+    """``steps`` steps of ``zero`` on this rank's share of each ``batch``, every collective recorded with
+    its phase; the losses averaged over the ranks."""
     wire, losses = Wire(), []
     with wire.record():
-        for step in range(STEPS):
+        for step in range(steps):
             x, y = batch(step, world)
             mine = slice(rank * MB, (rank + 1) * MB)
             wire.phase = "forward"
-            loss = nn.functional.cross_entropy(model(x[mine]).reshape(-1, VOCAB), y[mine].reshape(-1))
+            out = model(x[mine]).float()
+            loss = nn.functional.cross_entropy(out.reshape(-1, VOCAB), y[mine].reshape(-1))
             wire.phase = "backward"
             zero.backward(loss)
             wire.phase = "step"
@@ -119,6 +117,16 @@ def run(rank: int, world: int, options: Stage3Options, groups: HostGroups) -> di
             total = loss.detach().clone()
             dist.all_reduce(total)
             losses.append(total.item() / world)
+    return wire, losses
+
+
+def run(rank: int, world: int, options: Stage3Options, groups: HostGroups) -> dict:
+    torch.manual_seed(0)
+    model = Net()
+    zero = ZeroStage3Optimizer(
+        model, torch.optim.AdamW(model.parameters(), lr=1e-2), options, host_groups=groups
+    )
+    wire, losses = train_on_the_wire(model, zero, rank, world, STEPS)
     full = zero.module_state_dict()["l1.weight"]  # from the partitions, exact
     with GatheredParameters([model.l1.weight]):  # exact too: never the quantized gather
         exact = bool(torch.equal(model.l1.weight.detach(), full))
