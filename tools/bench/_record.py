@@ -24,7 +24,10 @@ def _commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
-            capture_output=True, text=True, timeout=10, check=True,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -59,3 +62,15 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_average_start": load_average(),
     }
+
+
+def write(path: str | os.PathLike | None, figures: dict[str, Any], argv: list[str] | None = None) -> None:
+    """Write ``figures`` inside the envelope to ``path`` (nothing when ``path`` is None), with the load at
+    the end of the run beside the load at its start. ``provenance`` is taken now: call it at the end."""
+    if path is None:
+        return
+    import json
+
+    record = {**provenance(argv), **figures, "load_average_end": load_average()}
+    Path(path).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"record written: {path}")

@@ -238,6 +238,10 @@ def run_size(args: argparse.Namespace) -> dict[str, dict[str, float]]:
         rows.setdefault(mode, {}).update(
             wall=statistics.median(wall_ms[mode]), cpu=statistics.median(cpu_ms[mode])
         )
+        rows[mode]["wall_all"], rows[mode]["cpu_all"] = (
+            wall_ms[mode],
+            cpu_ms[mode],
+        )  # the spread, for the record
         if not args.no_rss and mode != NO_GRAD:
             rows[mode]["rss"] = peak_rss_delta_mib(args, mode)
     return rows
@@ -295,6 +299,9 @@ def main() -> None:
     for name in ("width", "heads", "seq", "batch"):
         parser.add_argument(f"--{name}", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--rss-mode", choices=MODES, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--json", default=None, help="write the record (tools/bench/_record.py's envelope) here"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -320,6 +327,15 @@ def main() -> None:
         results.append((size, rows))
     report_summary(results)
     print(f"\nload average after: {os.getloadavg()[0]:.1f}")
+    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
+
+    sizes = [
+        {"width": a.width, "heads": a.heads, "seq": a.seq, "batch": a.batch, "modes": rows}
+        for a, rows in results
+    ]
+    write(
+        args.json, {"settings": vars(args) | {"sizes": args.sizes}, "per_call_us": overhead, "sizes": sizes}
+    )
 
 
 def _ratio(rows: dict[str, dict[str, float]], mode: str, key: str, base: str = "plain") -> float:

@@ -140,32 +140,52 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--procs", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--json", default=None, help="write the record (tools/bench/_record.py's envelope) here"
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix="bench_launch_"))
     script = workdir / "allreduce_once.py"
     script.write_text(RANK_SCRIPT)
-    rows = []
-    for n in sorted({1, args.procs}):
-        floor = statistics.median(time_imports(n) for _ in range(args.repeats))
-        rows.append(f"| floor: {n} x `python -c 'import torch'` at once | {floor:.2f} | | no launcher |")
+    floors = {n: [time_imports(n) for _ in range(args.repeats)] for n in sorted({1, args.procs})}
+    runs: dict[str, list[tuple[float, float]]] = {}
+    failed: dict[str, str] = {}
     try:
-        for name, (cmd, extra) in launchers(script, args.procs).items():
-            try:
-                runs = [time_one(cmd, extra, args.procs, args.timeout) for _ in range(args.repeats)]
-            except (RuntimeError, subprocess.TimeoutExpired) as exc:
-                rows.append(f"| `{name}` | failed | failed | {str(exc).splitlines()[0]} |")
-                continue
-            first = statistics.median(r[0] for r in runs)
-            wall = statistics.median(r[1] for r in runs)
-            rows.append(f"| `{name}` | {first:.2f} | {wall:.2f} | |")
+        found = launchers(script, args.procs)
+        for _ in range(args.repeats):  # launchers alternate, round by round
+            for name, (cmd, extra) in found.items():
+                if name in failed:
+                    continue
+                try:
+                    runs.setdefault(name, []).append(time_one(cmd, extra, args.procs, args.timeout))
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    failed[name] = str(exc).splitlines()[0]
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    print(f"{args.procs} ranks, gloo, CPU, median of {args.repeats} run(s), {os.cpu_count()} cores\n")
+    rows = [
+        f"| floor: {n} x `python -c 'import torch'` at once | {statistics.median(t):.2f} | | no launcher |"
+        for n, t in floors.items()
+    ]
+    medians = {}
+    for name in found:
+        if name in failed:
+            rows.append(f"| `{name}` | failed | failed | {failed[name]} |")
+            continue
+        first, wall = (statistics.median(r[i] for r in runs[name]) for i in (0, 1))
+        medians[name] = {"first_allreduce_s": first, "launcher_wall_s": wall}
+        rows.append(f"| `{name}` | {first:.2f} | {wall:.2f} | |")
+    print(
+        f"{args.procs} ranks, gloo, CPU, median of {args.repeats} alternating run(s), {os.cpu_count()} cores\n"
+    )
     print("| launcher | start -> first all-reduce done (s) | launcher wall (s) | note |")
     print("|---|---|---|---|")
     print("\n".join(rows))
+    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
+
+    write(args.json, {"settings": vars(args), "import_floor_s": floors, "median": medians,
+                      "runs_first_allreduce_and_wall_s": runs, "failed": failed})  # fmt: skip
 
 
 if __name__ == "__main__":

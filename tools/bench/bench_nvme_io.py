@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import tempfile
 import time
@@ -84,29 +85,41 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dir", default=os.path.join(tempfile.gettempdir(), "ds-bench-nvme"))
     ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument(
+        "--repeats", type=int, default=3, help="rounds over every layer; the figure is the median"
+    )
+    ap.add_argument("--json", default=None, help="write the record (tools/bench/_record.py's envelope) here")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, "bench.bin")
     buf = aligned_empty(args.size_mib << 20)
     buf.copy_(torch.randint(0, 255, (buf.numel(),), dtype=torch.uint8))
     mib = 1 << 20
-    rows = {
-        "fio libaio O_DIRECT qd8": bench_fio(path, args.size_mib),
-        "fio libaio O_DIRECT qd32": bench_fio(path, args.size_mib, 32),
-        "dd O_DIRECT": bench_dd(path, args.size_mib),
-        "ds pool 1x1 O_DIRECT 1M": bench_pool(path, buf, 1, True, mib),
-        "ds pool 4x1 O_DIRECT 1M": bench_pool(path, buf, 4, True, mib),
-        "ds pool 4x8 O_DIRECT 1M": bench_pool(path, buf, 4, True, mib, 8),
-        "ds pool 4x1 O_DIRECT 4M": bench_pool(path, buf, 4, True, 4 * mib),
-        "ds pool 4x8 O_DIRECT 4M": bench_pool(path, buf, 4, True, 4 * mib, 8),
-        "ds pool 4x1 buffered 1M": bench_pool(path, buf, 4, False, mib),
+    layers = {
+        "fio libaio O_DIRECT qd8": lambda: bench_fio(path, args.size_mib),
+        "fio libaio O_DIRECT qd32": lambda: bench_fio(path, args.size_mib, 32),
+        "dd O_DIRECT": lambda: bench_dd(path, args.size_mib),
+        "ds pool 1x1 O_DIRECT 1M": lambda: bench_pool(path, buf, 1, True, mib),
+        "ds pool 4x1 O_DIRECT 1M": lambda: bench_pool(path, buf, 4, True, mib),
+        "ds pool 4x8 O_DIRECT 1M": lambda: bench_pool(path, buf, 4, True, mib, 8),
+        "ds pool 4x1 O_DIRECT 4M": lambda: bench_pool(path, buf, 4, True, 4 * mib),
+        "ds pool 4x8 O_DIRECT 4M": lambda: bench_pool(path, buf, 4, True, 4 * mib, 8),
+        "ds pool 4x1 buffered 1M": lambda: bench_pool(path, buf, 4, False, mib),
     }
+    runs: dict[str, list[dict]] = {name: [] for name in layers}
+    for _ in range(args.repeats):  # round by round: the disk's mood of the minute hits every layer alike
+        for name, bench in layers.items():
+            runs[name].append(bench())
     shutil.rmtree(args.dir, ignore_errors=True)
+    rows = {name: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for name, rs in runs.items()}
     print(f"{'layer (threads x queue_depth, block)':38s} {'write MB/s':>11s} {'read MB/s':>10s} "
-          f"{'read+write MB/s':>16s}   ({args.size_mib} MiB)")  # fmt: skip
+          f"{'read+write MB/s':>16s}   ({args.size_mib} MiB, median of {args.repeats})")  # fmt: skip
     for name, r in rows.items():
         rw = f"{r['rw_MBps']:16.0f}" if "rw_MBps" in r else f"{'-':>16s}"
         print(f"{name:38s} {r['write_MBps']:11.0f} {r['read_MBps']:10.0f} {rw}")
+    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
+
+    write(args.json, {"settings": vars(args) | {"dir": "<--dir>"}, "median_MBps": rows, "runs_MBps": runs})
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ step after freeze_step, against an fp32 all-reduce of the same momentum.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,30 +127,43 @@ def _deepspeed_cpu_adam(n: int, steps: int, threads: int) -> tuple[str, str]:
     return f"{float(alone):.0f}", f"{float(with_copy):.0f}"
 
 
-def bench_cpu_adam(n: int, threads: int, steps: int) -> str:
+def bench_cpu_adam(n: int, threads: int, steps: int, repeats: int) -> tuple[str, dict]:
+    """The markdown table (median Mparam/s of ``repeats`` rounds, the implementations alternating round by
+    round, with the range) and the record's figures."""
     torch.set_num_threads(threads)
-    rows = [
-        ("torch.optim.AdamW(fused=True)", f"{_torch_adamw(n, steps, fused=True):.0f}"),
-        ("torch.optim.AdamW(foreach=True)", f"{_torch_adamw(n, steps, foreach=True):.0f}"),
-        ("ds_optim.CPUAdam (update only: torch fused kernel)", f"{_cpu_adam(n, steps, lowp=False):.0f}"),
-        ("ds_optim.CPUAdam + bf16 copy, one pass (Numba)", f"{_cpu_adam(n, steps, lowp=True):.0f}"),
-        (
-            "ds_optim.CPUAdam + bf16 copy, two passes (fallback without numba)",
-            f"{_cpu_adam(n, steps, lowp=True, one_pass=False):.0f}",
+    impls = {
+        "torch.optim.AdamW(fused=True)": lambda: _torch_adamw(n, steps, fused=True),
+        "torch.optim.AdamW(foreach=True)": lambda: _torch_adamw(n, steps, foreach=True),
+        "ds_optim.CPUAdam (update only: torch fused kernel)": lambda: _cpu_adam(n, steps, lowp=False),
+        "ds_optim.CPUAdam + bf16 copy, one pass (Numba)": lambda: _cpu_adam(n, steps, lowp=True),
+        "ds_optim.CPUAdam + bf16 copy, two passes (fallback without numba)": lambda: _cpu_adam(
+            n, steps, lowp=True, one_pass=False
         ),
-    ]
-    ds_alone, ds_copy = _deepspeed_cpu_adam(n, steps, threads)
-    rows.append(("deepspeed DeepSpeedCPUAdam (0.19.8)", ds_alone))
-    rows.append(("deepspeed DeepSpeedCPUAdam + bf16 copy_ (two passes)", ds_copy))
+    }
+    ds_names = ("deepspeed DeepSpeedCPUAdam (0.19.8)", "deepspeed DeepSpeedCPUAdam + bf16 copy_ (two passes)")
+    rates: dict[str, list] = {name: [] for name in [*impls, *ds_names]}
+    for _ in range(repeats):
+        for name, run in impls.items():
+            rates[name].append(run())
+        for name, rate in zip(ds_names, _deepspeed_cpu_adam(n, steps, threads)):
+            rates[name].append(float(rate) if rate.replace(".", "", 1).isdigit() else rate)
+
+    def cell(values: list) -> str:
+        if not all(isinstance(v, float) for v in values):
+            return str(values[-1])
+        return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+
     lines = [
-        f"CPU Adam, {n / 1e6:.0f}M fp32 params, {threads} threads, {steps} timed steps",
+        f"CPU Adam, {n / 1e6:.0f}M fp32 params, {threads} threads, {steps} timed steps, "
+        f"median of {repeats} alternating rounds (range)",
         "",
         "| implementation | Mparam/s |",
         "|---|---:|",
     ]
-    lines += [f"| {name} | {rate} |" for name, rate in rows]
-    lines += ["", f"Numba kernel compile, first step with an empty cache: {_numba_compile_s()}"]
-    return "\n".join(lines)
+    lines += [f"| {name} | {cell(values)} |" for name, values in rates.items()]
+    compile_s = _numba_compile_s()
+    lines += ["", f"Numba kernel compile, first step with an empty cache: {compile_s}"]
+    return "\n".join(lines), {"mparam_per_s": rates, "numba_compile": compile_s}
 
 
 def _onebit_worker(rank: int, world: int, port: int, numels: list[int], steps: int, queue) -> None:
@@ -183,7 +196,7 @@ def _onebit_worker(rank: int, world: int, port: int, numels: list[int], steps: i
     dist.destroy_process_group()
 
 
-def bench_onebit(numels: list[int], worlds: list[int], steps: int) -> str:
+def bench_onebit(numels: list[int], worlds: list[int], steps: int) -> tuple[str, dict]:
     import torch.multiprocessing as mp
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "testing"))
@@ -198,6 +211,7 @@ def bench_onebit(numels: list[int], worlds: list[int], steps: int) -> str:
         "(incl. Adam update) | fp32 all-reduce ms |",
         "|---:|---:|---:|---:|---:|---:|",
     ]
+    found: dict[int, dict] = {}
     for world in worlds:
         queue = ctx.Queue()
         port = free_port()
@@ -213,7 +227,9 @@ def bench_onebit(numels: list[int], worlds: list[int], steps: int) -> str:
         lines.append(
             f"| {world} | {sent:,} | {fp32:,} | 1/{fp32 / sent:.1f} | {onebit_s * 1e3:.1f} | {allreduce_s * 1e3:.1f} |"
         )
-    return "\n".join(lines)
+        found[world] = {"onebit_bytes": sent, "fp32_allreduce_bytes": fp32, "onebit_step_s": onebit_s,
+                        "fp32_allreduce_s": allreduce_s}  # fmt: skip
+    return "\n".join(lines), found
 
 
 def main() -> None:
@@ -225,13 +241,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--onebit-numels", type=str, default="4000000,1000000,4096,1")
     parser.add_argument("--onebit-steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="CPU Adam rounds; the figure is the median")
+    parser.add_argument(
+        "--json", default=None, help="write the record (tools/bench/_record.py's envelope) here"
+    )
     args = parser.parse_args()
     numels = [int(x) for x in args.onebit_numels.split(",")]
-    print(bench_cpu_adam(args.params, args.threads, args.steps))
-    print()
-    print(bench_onebit(numels, [2, 4], args.onebit_steps))
-    print()
-    print(json.dumps({"torch": torch.__version__, "cpus": os.cpu_count()}))
+    adam_table, adam = bench_cpu_adam(args.params, args.threads, args.steps, args.repeats)
+    print(adam_table, end="\n\n")
+    onebit_table, onebit = bench_onebit(numels, [2, 4], args.onebit_steps)
+    print(onebit_table)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _record import write  # noqa: PLC0415
+
+    write(args.json, {"settings": vars(args), "cpu_adam": adam, "onebit_by_world": onebit})
 
 
 if __name__ == "__main__":

@@ -90,8 +90,9 @@ def measure(n_params: int, repeats: int, device: str, impl: str) -> dict[str, fl
                 times[name].append(t)
     if any(w.skipped_steps for w in wrapped.values()):
         raise RuntimeError("the benchmark's gradients overflowed; the timings would not be of real steps")
-    result = {k: statistics.median(v) for k, v in times.items()}
+    result: dict = {k: statistics.median(v) for k, v in times.items()}
     result["params"] = sum(f.numel for f in wrapped["torch"].groups)
+    result["all_s"] = times  # every timed step of every variant: the spread
     return result
 
 
@@ -112,6 +113,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--json", default=None, help="write the record (tools/bench/_record.py's envelope) here")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -119,15 +121,17 @@ def main() -> None:
         f"torch {torch.__version__}, device {args.device}, {torch.get_num_threads()} threads, "
         f"median of {args.repeats} steps\n"
     )
-    print(f"first Numba step in this process (JIT compile or cache load): {compile_seconds():.2f} s\n")
+    first_numba_s = compile_seconds()
+    print(f"first Numba step in this process (JIT compile or cache load): {first_numba_s:.2f} s\n")
     print(
         "| AdamW impl | params | plain fp32 step (ms) | plain fp32 clip+step (ms) | inner step in wrapper (ms) "
         "| wrapper step, torch path (ms) | overhead, torch path | wrapper step, Numba path (ms) "
         "| overhead, Numba path |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    results = {}
     for impl in IMPLS:
-        r = measure(int(args.params_m * 1e6), args.repeats, args.device, impl)
+        r = results[impl] = measure(int(args.params_m * 1e6), args.repeats, args.device, impl)
         cells = [impl, f"{r['params'] / 1e6:.1f}M"]
         cells += [f"{r[k] * 1e3:.1f}" for k in ("plain", "plain_clip", "inner")]
         for path in ("torch", "numba"):
@@ -137,6 +141,13 @@ def main() -> None:
                 f"{overhead * 1e3:.1f} ms = {overhead / r['plain']:.1%}",
             ]
         print("| " + " | ".join(cells) + " |")
+    for r in results.values():
+        for path in ("torch", "numba"):
+            r[f"overhead_{path}_fraction_of_plain"] = (r[f"wrapped_{path}"] - r["inner"]) / r["plain"]
+    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
+
+    write(args.json, {"settings": vars(args), "threads": torch.get_num_threads(),
+                      "first_numba_step_s": first_numba_s, "results_median_s": results})  # fmt: skip
 
 
 if __name__ == "__main__":
