@@ -24,6 +24,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+
+
+def _bin(name: str) -> str:
+    """``name`` from this python's venv, else from PATH (mpirun is usually the system's)."""
+    mine = VENV_BIN / name
+    return str(mine) if mine.is_file() else shutil.which(name) or name
 # the bin folder of a venv with DeepSpeed 0.19.8 (its python given by DS_DEEPSPEED_PYTHON); absent: not run
 DEEPSPEED_BIN = Path(os.environ.get("DS_DEEPSPEED_PYTHON", "deepspeed-python-not-set")).parent
 
@@ -59,12 +65,12 @@ def launchers(script: Path, procs: int) -> dict[str, tuple[list[str], dict[str, 
     oversubscribe = "--oversubscribe" if (os.cpu_count() or 1) < procs else ""
     found = {
         f"ds-launch --num_procs {procs}": (
-            [str(VENV_BIN / "ds-launch"), "--num_procs", str(procs), str(script)],
+            [_bin("ds-launch"), "--num_procs", str(procs), str(script)],
             {},
         ),
         f"ds-launch --launcher mpi --num_procs {procs}": (
             [
-                str(VENV_BIN / "ds-launch"),
+                _bin("ds-launch"),
                 "--launcher",
                 "mpi",
                 "--num_procs",
@@ -76,7 +82,7 @@ def launchers(script: Path, procs: int) -> dict[str, tuple[list[str], dict[str, 
         ),
         f"mpirun -n {procs}": (
             [
-                str(VENV_BIN / "mpirun"),
+                _bin("mpirun"),
                 "-n",
                 str(procs),
                 *([oversubscribe] if oversubscribe else []),
@@ -87,7 +93,7 @@ def launchers(script: Path, procs: int) -> dict[str, tuple[list[str], dict[str, 
             _mpi_env(),
         ),
         f"torchrun --nproc_per_node {procs}": (
-            [str(VENV_BIN / "torchrun"), "--nproc_per_node", str(procs), str(script)],
+            [_bin("torchrun"), "--nproc_per_node", str(procs), str(script)],
             {"OMP_NUM_THREADS": "1"},
         ),
     }
