@@ -21,17 +21,36 @@ _PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "lightning")
 
 
 def _commit() -> str | None:
+    """HEAD, with ``-dirty`` where tracked files other than the kept records (docs/benchmarks) differ: a run
+    that writes several records must not mark its later ones as run on changed code."""
     try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
-        )
+        ).stdout.strip()
+        changed = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(ROOT),
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":(exclude)docs/benchmarks",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip() or None
+    return f"{head}-dirty" if changed else head or None
 
 
 def _versions() -> dict[str, str]:
@@ -64,13 +83,13 @@ def provenance(argv: list[str] | None = None) -> dict[str, Any]:
     }
 
 
-def write(path: str | os.PathLike | None, figures: dict[str, Any], argv: list[str] | None = None) -> None:
-    """Write ``figures`` inside the envelope to ``path`` (nothing when ``path`` is None), with the load at
-    the end of the run beside the load at its start. ``provenance`` is taken now: call it at the end."""
+def write(path: str | os.PathLike | None, figures: dict[str, Any], started: dict[str, Any]) -> None:
+    """Write ``figures`` inside the envelope to ``path`` (nothing when ``path`` is None): ``started`` is
+    ``provenance()`` taken when the run began, and the load at its end is added beside it."""
     if path is None:
         return
     import json
 
-    record = {**provenance(argv), **figures, "load_average_end": load_average()}
+    record = {**started, **figures, "load_average_end": load_average()}
     Path(path).write_text(json.dumps(record, indent=1) + "\n")
     print(f"record written: {path}")

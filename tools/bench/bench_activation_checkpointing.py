@@ -38,6 +38,7 @@ from collections.abc import Callable
 
 import torch
 import torch.utils.checkpoint as torch_checkpoint
+from _record import provenance, write  # tools/bench: this script's folder, first on sys.path
 from ds_checkpoint.activation import checkpoint
 from torch import nn
 
@@ -303,6 +304,7 @@ def main() -> None:
         "--json", default=None, help="write the record (tools/bench/_record.py's envelope) here"
     )
     args = parser.parse_args()
+    started = provenance()
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rss_mode:
@@ -327,14 +329,14 @@ def main() -> None:
         results.append((size, rows))
     report_summary(results)
     print(f"\nload average after: {os.getloadavg()[0]:.1f}")
-    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
-
     sizes = [
         {"width": a.width, "heads": a.heads, "seq": a.seq, "batch": a.batch, "modes": rows}
         for a, rows in results
     ]
     write(
-        args.json, {"settings": vars(args) | {"sizes": args.sizes}, "per_call_us": overhead, "sizes": sizes}
+        args.json,
+        {"settings": vars(args) | {"sizes": args.sizes}, "per_call_us": overhead, "sizes": sizes},
+        started,
     )
 
 

@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _record import provenance, write  # tools/bench: this script's folder, first on sys.path
+
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
@@ -30,6 +32,8 @@ def _bin(name: str) -> str:
     """``name`` from this python's venv, else from PATH (mpirun is usually the system's)."""
     mine = VENV_BIN / name
     return str(mine) if mine.is_file() else shutil.which(name) or name
+
+
 # the bin folder of a venv with DeepSpeed 0.19.8 (its python given by DS_DEEPSPEED_PYTHON); absent: not run
 DEEPSPEED_BIN = Path(os.environ.get("DS_DEEPSPEED_PYTHON", "deepspeed-python-not-set")).parent
 
@@ -152,6 +156,7 @@ def main() -> None:
         "--json", default=None, help="write the record (tools/bench/_record.py's envelope) here"
     )
     args = parser.parse_args()
+    started = provenance()
     workdir = Path(tempfile.mkdtemp(prefix="bench_launch_"))
     script = workdir / "allreduce_once.py"
     script.write_text(RANK_SCRIPT)
@@ -188,10 +193,8 @@ def main() -> None:
     print("| launcher | start -> first all-reduce done (s) | launcher wall (s) | note |")
     print("|---|---|---|---|")
     print("\n".join(rows))
-    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
-
     write(args.json, {"settings": vars(args), "import_floor_s": floors, "median": medians,
-                      "runs_first_allreduce_and_wall_s": runs, "failed": failed})  # fmt: skip
+                      "runs_first_allreduce_and_wall_s": runs, "failed": failed}, started)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import tempfile
 import time
 
 import torch
+from _record import provenance, write  # tools/bench: this script's folder, first on sys.path
 from ds_zero._aio import AioOptions, AsyncFileIO, aligned_empty
 
 
@@ -90,6 +91,7 @@ def main() -> None:
     )
     ap.add_argument("--json", default=None, help="write the record (tools/bench/_record.py's envelope) here")
     args = ap.parse_args()
+    started = provenance()
     os.makedirs(args.dir, exist_ok=True)
     path = os.path.join(args.dir, "bench.bin")
     buf = aligned_empty(args.size_mib << 20)
@@ -117,9 +119,11 @@ def main() -> None:
     for name, r in rows.items():
         rw = f"{r['rw_MBps']:16.0f}" if "rw_MBps" in r else f"{'-':>16s}"
         print(f"{name:38s} {r['write_MBps']:11.0f} {r['read_MBps']:10.0f} {rw}")
-    from _record import write  # noqa: PLC0415 (tools/bench is on sys.path: this script's folder)
-
-    write(args.json, {"settings": vars(args) | {"dir": "<--dir>"}, "median_MBps": rows, "runs_MBps": runs})
+    write(
+        args.json,
+        {"settings": vars(args) | {"dir": "<--dir>"}, "median_MBps": rows, "runs_MBps": runs},
+        started,
+    )
 
 
 if __name__ == "__main__":

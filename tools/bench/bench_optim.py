@@ -27,6 +27,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import provenance, write  # noqa: E402
+
 # a python with DeepSpeed 0.19.8 installed (DS_DEEPSPEED_PYTHON); absent: its column is n/a
 DS_VENV_PYTHON = Path(os.environ.get("DS_DEEPSPEED_PYTHON", "deepspeed-python-not-set"))
 
@@ -246,15 +249,13 @@ def main() -> None:
         "--json", default=None, help="write the record (tools/bench/_record.py's envelope) here"
     )
     args = parser.parse_args()
+    started = provenance()
     numels = [int(x) for x in args.onebit_numels.split(",")]
     adam_table, adam = bench_cpu_adam(args.params, args.threads, args.steps, args.repeats)
     print(adam_table, end="\n\n")
     onebit_table, onebit = bench_onebit(numels, [2, 4], args.onebit_steps)
     print(onebit_table)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _record import write  # noqa: PLC0415
-
-    write(args.json, {"settings": vars(args), "cpu_adam": adam, "onebit_by_world": onebit})
+    write(args.json, {"settings": vars(args), "cpu_adam": adam, "onebit_by_world": onebit}, started)
 
 
 if __name__ == "__main__":

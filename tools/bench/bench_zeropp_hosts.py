@@ -64,14 +64,14 @@ CASES: dict[str, tuple[dict, dict]] = {  # name -> (hostfile slots, ZeRO keys)
 FORMULA = {"plain": 2 * 4 + 8, "hpz": 4 + 8, "qwqg": 2 * 1 + 0.5, "zeropp": 1 + 0.5, "1host": 0}
 
 RANK = r"""
-import gc, json, statistics, sys, time
+import dataclasses, gc, json, statistics, sys, time
 sys.path.insert(0, sys.argv[1])
 import torch, torch.distributed as dist
 import ds_engine
 from _bench_cases import MODELS, build_model, batch, engine_config
 torch.set_num_threads(1)
 out, cases, rounds, steps, warmup = sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-d = MODELS["lean"]
+d = dataclasses.replace(MODELS["lean"], micro_batch=int(sys.argv[7]))
 ds_engine.init_distributed()
 rank = dist.get_rank()
 
@@ -146,14 +146,21 @@ def _limit_link(cluster: Cluster) -> str:
 
 
 def _job(
-    cluster: Cluster, script: Path, slots: dict, names: list[str], rounds: int, steps: int, warmup: int
+    cluster: Cluster,
+    script: Path,
+    slots: dict,
+    names: list[str],
+    rounds: int,
+    steps: int,
+    warmup: int,
+    micro_batch: int,
 ) -> dict:
     """One ds-launch job on ``slots`` running each case of ``names`` in turn, ``rounds`` times, alternating."""
     hostfile = cluster.hostfile(cluster.shared / f"{len(slots)}.hosts", slots=slots, names=list(slots))
     out = cluster.shared / f"{len(slots)}hosts.json"
     cases = json.dumps({n: CASES[n][1] for n in names})
     code, log = _launch(cluster, hostfile, script, str(ROOT / "tools" / "bench"), str(out), cases, str(rounds),
-                        str(steps), str(warmup))  # fmt: skip
+                        str(steps), str(warmup), str(micro_batch))  # fmt: skip
     if code != 0:
         raise SystemExit(f"{names} failed:\n{log[-4000:]}")
     return json.loads(out.read_text())
@@ -169,6 +176,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
+    p.add_argument("--micro-batch", type=int, default=2, help="sequences of 64 tokens per rank and step: the "
+                   "compute a step's cross-host bytes are set against (the bytes do not grow with it)")  # fmt: skip
     p.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks" / "zeropp-hosts.json")
     args = p.parse_args()
     load_before = Path("/proc/loadavg").read_text().split()[:3]
@@ -182,7 +191,11 @@ def main() -> None:
         for slots in ({"node0": 2, "node1": 2}, {"node0": 4}):
             names = [n for n in args.cases if CASES[n][0] == slots]
             if names:
-                results.update(_job(cluster, script, slots, names, args.repeats, args.steps, args.warmup))
+                results.update(
+                    _job(
+                        cluster, script, slots, names, args.repeats, args.steps, args.warmup, args.micro_batch
+                    )
+                )
     load_after = Path("/proc/loadavg").read_text().split()[:3]
     summary = {
         name: {
@@ -211,7 +224,7 @@ def main() -> None:
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "machine": {"cpus": os.cpu_count(), "load_before": load_before, "load_after": load_after},
         "link": link,
-        "model": "lean (13.3M GPT, fp32, ZeRO-3, micro batch 2 x 64 tokens per rank)",
+        "model": f"lean (13.3M GPT, fp32, ZeRO-3, micro batch {args.micro_batch} x 64 tokens per rank)",
         "steps": args.steps,
         "warmup": args.warmup,
         "summary": summary,
