@@ -30,6 +30,8 @@ import sys
 import time
 from pathlib import Path
 
+from _record import load_average, provenance  # tools/bench: this script's folder, first on sys.path
+
 TOOLS = Path(__file__).resolve().parent
 
 
@@ -167,6 +169,7 @@ def main() -> None:
     if args.rank:
         _rank_main(args.reps)
         return
+    started = provenance()
     sys.path.insert(0, str(TOOLS.parents[1] / "testing"))
     from rank_testing import free_port
 
@@ -196,7 +199,8 @@ def main() -> None:
         print("\n| raw mpi4py on the same gradients | ms |\n|---|---|")
         for name, ms in rep["raw mpi4py ms"].items():
             print(f"| {name[5:]} | {ms:.1f} |")
-    Path(args.json).write_text(json.dumps({"command": " ".join(sys.argv), "reports": reports}, indent=1))
+    record = {**started, "reports": reports, "load_average_end": load_average()}
+    Path(args.json).write_text(json.dumps(record, indent=1))
     print(f"\nevery figure in {args.json}")
 
 
