@@ -142,6 +142,7 @@ def _rank_main(reps: int) -> None:
                     "collective": name,
                     "with compute": overlap,
                     **{k: statistics.median(v) * 1e3 for k, v in times.items()},
+                    "runs ms": {k: [t * 1e3 for t in v] for k, v in times.items()},  # the spread
                 }
             )
     if rank == 0:
