@@ -20,34 +20,21 @@ ROOT = Path(__file__).resolve().parents[2]
 _PACKAGES = ("torch", "deepspeed", "transformers", "accelerate", "lightning")
 
 
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.strip()
+
+
 def _commit() -> str | None:
-    """HEAD, with ``-dirty`` where tracked files other than the kept records (docs/benchmarks) differ: a run
-    that writes several records must not mark its later ones as run on changed code."""
+    """HEAD, with ``-dirty`` where tracked files other than the kept records and their page
+    (docs/benchmarks*) differ: a run that writes several records must not mark its later ones as run on
+    changed code."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        changed = subprocess.run(
-            [
-                "git",
-                "-C",
-                str(ROOT),
-                "status",
-                "--porcelain",
-                "--untracked-files=no",
-                "--",
-                ".",
-                ":(exclude)docs/benchmarks",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
+        head = _git("rev-parse", "--short=12", "HEAD")
+        changed = _git(
+            "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)docs/benchmarks*"
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return f"{head}-dirty" if changed else head or None
